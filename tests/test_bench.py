@@ -1,0 +1,27 @@
+import time
+
+import pytest
+
+from utils import bench
+
+
+def test_time_seconds_measures_the_call():
+    seconds = bench.time_seconds(lambda: time.sleep(0.01), warmup=1, repeats=3)
+    assert 0.009 < seconds < 0.2
+
+
+def test_rates():
+    assert bench.gb_per_s(3e9, 1.5) == pytest.approx(2.0)
+    assert bench.tflop_per_s(bench.matmul_flops(1024, 1024, 1024), 1e-3) == pytest.approx(2.147483648)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: bench.gb_per_s(1, 0),
+    lambda: bench.tflop_per_s(-1, 1),
+    lambda: bench.matmul_flops(0, 4, 4),
+    lambda: bench.time_seconds(42),
+    lambda: bench.time_seconds(lambda: None, repeats=0),
+])
+def test_bad_input_raises(call):
+    with pytest.raises(ValueError):
+        call()

@@ -1,0 +1,45 @@
+import os
+
+import pytest
+import torch
+
+from utils import device
+
+
+def test_interpreter_is_on_without_a_gpu():
+    if device.HAS_CUDA:
+        pytest.skip("a GPU is present; the interpreter is only forced on without one")
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    assert device.INTERPRETER
+    assert device.device() == torch.device("cpu")
+
+
+def test_describe_names_the_machine():
+    text = device.describe(show=False)
+    assert ("CPU" in text and "interpreter" in text) if not device.HAS_CUDA else text.startswith("GPU: ")
+    assert torch.__version__ in text
+
+
+def test_bfloat16_is_refused_under_the_interpreter():
+    if not device.INTERPRETER:
+        assert device.check_dtype(torch.bfloat16) is torch.bfloat16
+        return
+    with pytest.raises(ValueError, match="bfloat16.*interpreter"):
+        device.check_dtype(torch.bfloat16)
+    with pytest.raises(ValueError, match="bfloat16"):
+        device.check_tensors(torch.zeros(2, dtype=torch.bfloat16, device=device.device()))
+
+
+def test_supported_dtypes_pass_and_bad_arguments_are_named():
+    assert device.check_dtype(torch.float16) is torch.float16
+    with pytest.raises(ValueError, match="torch.dtype"):
+        device.check_dtype("float32")
+    with pytest.raises(ValueError, match="argument 1"):
+        device.check_tensors(torch.zeros(2, device=device.device()), [1, 2])
+
+
+def test_manual_seed_makes_draws_repeat():
+    device.manual_seed(3)
+    a = torch.rand(4)
+    device.manual_seed(3)
+    assert torch.equal(a, torch.rand(4))

@@ -1,0 +1,63 @@
+"""Hygiene of the stored notebooks: listed in the TOC, fully executed in order, no errors, lean."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted(p for folder in ("chapters", "labs") for p in (ROOT / folder).rglob("*.ipynb")
+                   if ".ipynb_checkpoints" not in p.parts)
+MAX_NBYTES = 1_500_000
+
+
+def _toc_files(node) -> list[str]:
+    files = []
+    if isinstance(node, dict):
+        if "file" in node:
+            files.append(node["file"])
+        for value in node.values():
+            files += _toc_files(value)
+    elif isinstance(node, list):
+        for item in node:
+            files += _toc_files(item)
+    return files
+
+
+TOC = _toc_files(yaml.safe_load((ROOT / "_toc.yml").read_text()))
+
+
+def _ids(paths):
+    return [str(p.relative_to(ROOT)) for p in paths]
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, "no notebooks found under chapters/ or labs/"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_notebook_is_in_the_toc(path):
+    entry = str(path.relative_to(ROOT).with_suffix(""))
+    assert entry in TOC, f"{entry} is missing from _toc.yml"
+
+
+@pytest.mark.parametrize("entry", TOC)
+def test_toc_entry_exists(entry):
+    candidates = [ROOT / (entry + ext) for ext in ("", ".md", ".ipynb")]
+    assert any(p.is_file() for p in candidates), f"_toc.yml lists {entry}, which does not exist"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_notebook_is_stored_executed_in_order_without_errors(path):
+    nb = json.loads(path.read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+    counts = [c.get("execution_count") for c in code]
+    assert None not in counts, f"{path.name}: {counts.count(None)} code cells were never executed"
+    assert counts == list(range(1, len(code) + 1)), \
+        f"{path.name}: execution counts {counts} show it was not run top to bottom in a fresh kernel"
+    errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, f"{path.name}: stores an error output: {errors[0].get('ename')}: {errors[0].get('evalue')}"
+    assert path.stat().st_size <= MAX_NBYTES, f"{path.name} is {path.stat().st_size} bytes; shrink its outputs"

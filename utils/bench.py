@@ -1,0 +1,69 @@
+"""Timing kernels honestly, and turning bytes and FLOPs into rates.
+
+On a GPU, kernel launches are asynchronous: timing with ``time.time()`` around a
+call measures the launch, not the work. :func:`time_seconds` therefore uses
+``triton.testing.do_bench``, which synchronises, flushes the L2 cache between
+runs and reports a quantile of many repeats. On a CPU it warms up, then takes
+the median of repeated wall-clock runs. CPU timings under Triton's interpreter
+say nothing about GPU speed; pages print :data:`utils.device.INTERPRETER` beside them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+from utils import device as _device
+
+
+def time_seconds(fn: Callable[[], object], warmup: int = 3, repeats: int = 10) -> float:
+    """Median wall-clock seconds of one call of ``fn()``.
+
+    GPU: ``triton.testing.do_bench(fn, return_mode="median")`` (milliseconds,
+    converted to seconds); ``warmup`` and ``repeats`` are then ignored in favour
+    of do_bench's own time-based counts. CPU: ``warmup`` calls, then the median
+    of ``repeats`` timed calls.
+    """
+    if not callable(fn):
+        raise ValueError(f"fn must be callable, got {type(fn).__name__}")
+    if warmup < 0 or repeats < 1:
+        raise ValueError(f"need warmup >= 0 and repeats >= 1, got warmup={warmup}, repeats={repeats}")
+    if _device.HAS_CUDA:
+        import triton.testing
+
+        return triton.testing.do_bench(fn, return_mode="median") * 1e-3
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def _check_rate_args(amount: float, seconds: float, what: str) -> None:
+    if amount < 0:
+        raise ValueError(f"{what} must be >= 0, got {amount}")
+    if seconds <= 0:
+        raise ValueError(f"seconds must be > 0, got {seconds}")
+
+
+def gb_per_s(nbytes: float, seconds: float) -> float:
+    """Bandwidth in GB/s (10^9 bytes per second): ``nbytes / seconds / 1e9``."""
+    _check_rate_args(nbytes, seconds, "nbytes")
+    return nbytes / seconds / 1e9
+
+
+def tflop_per_s(flops: float, seconds: float) -> float:
+    """Throughput in TFLOP/s (10^12 floating-point operations per second): ``flops / seconds / 1e12``."""
+    _check_rate_args(flops, seconds, "flops")
+    return flops / seconds / 1e12
+
+
+def matmul_flops(m: int, n: int, k: int) -> int:
+    """FLOPs of an (m x k) @ (k x n) matmul: ``2 m n k`` (one multiply and one add per term)."""
+    if min(m, n, k) < 1:
+        raise ValueError(f"matmul sizes must be positive, got m={m}, n={n}, k={k}")
+    return 2 * m * n * k

@@ -1,0 +1,268 @@
+"""Run a function in several processes with ``torch.distributed`` set up.
+
+:func:`launch` is the book's ``torchrun`` for notebooks: it starts
+``world_size`` processes, initialises a process group in each (gloo on a CPU,
+NCCL when there is one GPU per rank), calls ``fn(rank, world_size, *args)``
+and returns what each rank returned, in rank order.
+
+It is built so that a lab can never freeze a notebook:
+
+* a worker that raises makes :func:`launch` raise :class:`WorkerError`, naming
+  the rank and carrying the worker's traceback text;
+* a worker that dies without a word (a crash, ``os._exit``, a signal) is reported
+  with its exit code;
+* workers still running after ``timeout`` seconds (a deadlocked send/recv, a
+  collective one rank never joined) are killed and :func:`launch` raises
+  ``TimeoutError``.
+
+Functions defined in a notebook cell cannot be pickled by name, which the
+``spawn`` start method needs. :func:`launch` therefore forks when it can (Linux,
+CUDA not yet initialised in the parent) and otherwise spawns, sending the
+function by value with ``cloudpickle``.
+
+The same worker functions run under ``torchrun`` with :func:`torchrun_main`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import time
+import traceback
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+_HOST = "127.0.0.1"
+_POLL_SECONDS = 0.05
+_GRACE_SECONDS = 1.0  # after a first error, how long to wait for the others (to find the root cause)
+
+
+class WorkerError(RuntimeError):
+    """A worker process of :func:`launch` raised or died; ``rank`` and ``worker_traceback`` say where and why."""
+
+    def __init__(self, rank: int, message: str, worker_traceback: str = "") -> None:
+        self.rank = rank
+        self.worker_traceback = worker_traceback
+        text = f"rank {rank} failed: {message}"
+        if worker_traceback:
+            text += "\n\n--- traceback from rank %d ---\n%s" % (rank, worker_traceback.rstrip())
+        super().__init__(text)
+
+
+def default_backend(world_size: int) -> str:
+    """``"nccl"`` when NCCL is available and there are at least ``world_size`` GPUs, else ``"gloo"``."""
+    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size and dist.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
+def _to_cpu(value: Any) -> Any:
+    """Move tensors in (nested lists, tuples, dicts of) results to the CPU, so the parent never touches CUDA."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, (list, tuple)):
+        moved = [_to_cpu(v) for v in value]
+        return type(value)(moved) if not hasattr(value, "_fields") else type(value)(*moved)
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    return value
+
+
+def _worker(
+    payload: bytes | Callable[..., Any],
+    rank: int,
+    world_size: int,
+    backend: str,
+    port: int,
+    timeout: float,
+    results: Any,
+) -> None:
+    """Body of each worker process: set up the group, run the function, report back."""
+    try:
+        if isinstance(payload, bytes):
+            fn, args = pickle.loads(payload)
+        else:
+            fn, args = payload
+        os.environ.update(
+            MASTER_ADDR=_HOST, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+            LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
+        )
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        else:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        # Longer than launch's own timeout, so a hang is reported by the parent as a TimeoutError.
+        group_timeout = datetime.timedelta(seconds=timeout + 60)
+        store = dist.TCPStore(_HOST, port, world_size, is_master=False, timeout=group_timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=group_timeout)
+        value = fn(rank, world_size, *args)
+        dist.destroy_process_group()
+        results.put((rank, "ok", pickle.dumps(_to_cpu(value))))
+    except BaseException as exc:  # report everything, including KeyboardInterrupt and SystemExit
+        # The time of failure finds the root cause among ranks; no graceful teardown,
+        # the parent stops every worker once it has read the error.
+        failed_at = time.time()
+        results.put((rank, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), failed_at))
+
+
+def _start_method(requested: str | None) -> str:
+    if requested is not None:
+        if requested not in ("fork", "spawn"):
+            raise ValueError(f"start_method must be 'fork', 'spawn' or None, got {requested!r}")
+        return requested
+    can_fork = "fork" in mp.get_all_start_methods()
+    cuda_busy = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return "fork" if can_fork and not cuda_busy else "spawn"
+
+
+def _stop(processes: Sequence[mp.process.BaseProcess]) -> None:
+    """Terminate, then kill, every worker still alive, and reap them all."""
+    processes = [p for p in processes if p.pid is not None]  # started ones only
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 3.0
+    for p in processes:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _raise_root_cause(first: tuple, results: Any) -> None:
+    """Raise a WorkerError for the earliest error among ``first`` and any that arrive soon after.
+
+    When one rank raises, its peers usually fail a moment later with "connection
+    closed by peer"; the earliest error is the one worth reading.
+    """
+    errors = [first]
+    deadline = time.monotonic() + _GRACE_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            message = results.get(timeout=_POLL_SECONDS)
+        except queue.Empty:
+            continue
+        if message[1] == "error":
+            errors.append(message)
+    rank, _, text, worker_traceback, _ = min(errors, key=lambda m: m[4])
+    others = sorted(m[0] for m in errors if m[0] != rank)
+    if others:
+        text += f"\n(ranks {others} failed after it)"
+    raise WorkerError(rank, text, worker_traceback)
+
+
+def launch(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str | None = None,
+    timeout: float = 60.0,
+    start_method: str | None = None,
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes; return the results in rank order.
+
+    Each process has ``torch.distributed`` initialised (``backend`` defaults to
+    :func:`default_backend`; NCCL ranks use GPU ``rank``) and the usual
+    ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` variables set.
+    Results are pickled back to the parent with tensors moved to the CPU.
+
+    Raises :class:`WorkerError` if a worker raises or dies, ``TimeoutError`` if
+    the workers have not all returned after ``timeout`` seconds; in both cases
+    every worker is stopped before the error is raised.
+    """
+    if not callable(fn):
+        raise ValueError(f"fn must be callable, got {type(fn).__name__}")
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if not timeout or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    backend = backend or default_backend(world_size)
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo', 'nccl' or None, got {backend!r}")
+    if backend == "nccl" and torch.cuda.device_count() < world_size:
+        raise ValueError(f"backend 'nccl' needs one GPU per rank: world_size={world_size}, "
+                         f"GPUs visible={torch.cuda.device_count()}")
+
+    method = _start_method(start_method)
+    ctx = mp.get_context(method)
+    if method == "fork":
+        payload: bytes | tuple = (fn, args)
+    else:
+        import cloudpickle
+
+        payload = cloudpickle.dumps((fn, args))
+
+    # The parent hosts the rendezvous store on a port the OS picks, so there is no port race.
+    store = dist.TCPStore(_HOST, 0, world_size, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    results = ctx.Queue()
+    processes = [
+        ctx.Process(target=_worker, args=(payload, rank, world_size, backend, store.port, timeout, results),
+                    daemon=True, name=f"launch-rank-{rank}")
+        for rank in range(world_size)
+    ]
+    outputs: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        for p in processes:
+            p.start()
+        while len(outputs) < world_size:
+            try:
+                message = results.get(timeout=_POLL_SECONDS)
+            except queue.Empty:
+                message = None
+            if message is not None:
+                if message[1] == "error":
+                    _raise_root_cause(message, results)
+                outputs[message[0]] = pickle.loads(message[2])
+                continue
+            for rank, p in enumerate(processes):
+                if rank not in outputs and not p.is_alive():
+                    # A last look: the result may have been queued just before the exit.
+                    try:
+                        late = results.get(timeout=0.5)
+                    except queue.Empty:
+                        raise WorkerError(rank, f"process exited with code {p.exitcode} "
+                                                "without returning a result") from None
+                    if late[1] == "error":
+                        _raise_root_cause(late, results)
+                    outputs[late[0]] = pickle.loads(late[2])
+                    break
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(world_size)) - set(outputs))
+                raise TimeoutError(
+                    f"launch: ranks {missing} of {world_size} had not returned after {timeout:g} s "
+                    "(a deadlock, such as a send with no matching recv, or a collective that "
+                    "not every rank joined?); all workers were stopped"
+                )
+    finally:
+        _stop(processes)
+        results.close()
+        del store
+    return [outputs[rank] for rank in range(world_size)]
+
+
+def torchrun_main(fn: Callable[..., Any], *args: Any, backend: str | None = None) -> Any:
+    """Run ``fn(rank, world_size, *args)`` in a process started by ``torchrun``; return its result.
+
+    ``torchrun --nproc-per-node=4 -m some.module`` sets ``RANK``, ``WORLD_SIZE``
+    and the rendezvous variables; this initialises the process group from them
+    (NCCL on GPUs, one per local rank; gloo otherwise), calls ``fn`` and tears
+    the group down. Worker functions written for :func:`launch` run unchanged.
+    """
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        raise ValueError("torchrun_main expects RANK and WORLD_SIZE in the environment; start it with torchrun")
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    backend = backend or ("nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    dist.init_process_group(backend)
+    try:
+        return fn(rank, world_size, *args)
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,87 @@
+"""The book's widget pattern: a pure plot function, a static figure, a live control, an animation.
+
+Every figure of the book is drawn by a *pure* function of its parameters that
+returns a Matplotlib figure. A page then uses it three ways:
+
+1. ``plot_fn(**defaults)``: the static figure the HTML book shows;
+2. :func:`live` ``(plot_fn, n=(1, 64), ...)``: sliders for a reader in Jupyter
+   (an ``ipywidgets.interact``; it needs a running kernel, so the cell carries
+   ``# NBVAL_IGNORE_OUTPUT`` and the ``remove-output`` tag);
+3. :func:`animate` ``(draw_step, n_steps)``: a step-by-step algorithm as a
+   scrubbable animation (``FuncAnimation.to_jshtml``) that plays in the static
+   HTML with no kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import matplotlib
+
+matplotlib.rcParams.update({"figure.dpi": 80, "savefig.dpi": 80, "figure.figsize": (6.4, 3.6),
+                            "animation.embed_limit": 8.0})
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.animation import FuncAnimation  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+PlotFn = Callable[..., Figure]
+
+
+def live(plot_fn: PlotFn, **controls: Any) -> Any:
+    """``plot_fn`` with one ipywidgets control per keyword, as an ``interactive`` widget.
+
+    Leave the call as a cell's last expression to show it.
+    ``controls`` follow ``ipywidgets.interact``'s abbreviations: ``(lo, hi)`` or
+    ``(lo, hi, step)`` gives a slider, a list gives a dropdown, a bool a
+    checkbox, ``ipywidgets.fixed(v)`` pins a value.
+    """
+    if not callable(plot_fn):
+        raise ValueError(f"plot_fn must be callable, got {type(plot_fn).__name__}")
+    import ipywidgets
+
+    @functools.wraps(plot_fn)  # keeps plot_fn's signature, so sliders start at its defaults
+    def draw(**kwargs: Any) -> None:
+        fig = plot_fn(**kwargs)
+        if not isinstance(fig, Figure):
+            raise ValueError(f"{getattr(plot_fn, '__name__', 'plot_fn')} must return a matplotlib Figure, "
+                             f"got {type(fig).__name__}")
+        plt.show()
+
+    return ipywidgets.interactive(draw, **controls)
+
+
+def animate(
+    draw_step: Callable[[Any, int], None],
+    n_steps: int,
+    figsize: tuple[float, float] = (6.4, 3.2),
+    interval_ms: int = 800,
+    dpi: int = 72,
+) -> Any:
+    """A scrubbable animation of ``n_steps`` steps, as HTML that plays without a kernel.
+
+    ``draw_step(ax, step)`` draws step ``step`` (0-based) on a cleared axes.
+    Returns an ``IPython.display.HTML`` object; leave it as a cell's last
+    expression to show it. Keep ``n_steps`` and ``dpi`` small: each frame is an
+    embedded PNG.
+    """
+    if not callable(draw_step):
+        raise ValueError(f"draw_step must be callable, got {type(draw_step).__name__}")
+    if not isinstance(n_steps, int) or n_steps < 1:
+        raise ValueError(f"n_steps must be a positive int, got {n_steps!r}")
+    if n_steps > 200:
+        raise ValueError(f"n_steps={n_steps} would embed too many frames; use at most 200")
+    from IPython.display import HTML
+
+    fig, ax = plt.subplots(figsize=figsize, dpi=dpi)
+
+    def update(step: int) -> list:
+        ax.clear()
+        draw_step(ax, step)
+        return []
+
+    animation = FuncAnimation(fig, update, frames=n_steps, interval=interval_ms, blit=False)
+    html = animation.to_jshtml(default_mode="once")
+    plt.close(fig)
+    return HTML(html)
