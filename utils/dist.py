@@ -266,3 +266,6 @@ def torchrun_main(fn: Callable[..., Any], *args: Any, backend: str | None = None
         return fn(rank, world_size, *args)
     finally:
         dist.destroy_process_group()
+
+
+from utils.collectives import ring_all_reduce  # noqa: E402,F401  (public as utils.dist.ring_all_reduce)

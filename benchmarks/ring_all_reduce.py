@@ -1,0 +1,81 @@
+"""Time the book's ring all-reduce against the library's all-reduce, on GPUs or CPUs.
+
+On a GPU machine (NCCL, one process per GPU):
+
+    torchrun --nproc-per-node=8 -m benchmarks.ring_all_reduce
+
+On a CPU (gloo), with the book's launcher instead of torchrun:
+
+    python -m benchmarks.ring_all_reduce --cpu-ranks 4
+
+Prints, per message size, the median time of each, the algorithm bandwidth
+(bytes / time) and the bus bandwidth (algbw x 2(n-1)/n, as nccl-tests reports
+it: see nccl-tests' doc/PERFORMANCE.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from utils.dist import launch, ring_all_reduce, torchrun_main
+
+
+def _median_seconds(fn, x: torch.Tensor, repeats: int) -> float:
+    fn(x)  # warm-up
+    samples = []
+    for _ in range(repeats):
+        if x.is_cuda:
+            torch.cuda.synchronize()
+        dist.barrier()
+        start = time.perf_counter()
+        fn(x)
+        if x.is_cuda:
+            torch.cuda.synchronize()
+        samples.append(time.perf_counter() - start)
+    # The collective ends when the slowest rank does.
+    slowest = torch.tensor([statistics.median(samples)], device=x.device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return slowest.item()
+
+
+def bench_worker(rank: int, world_size: int, sizes_bytes: list[int], repeats: int) -> list[dict]:
+    """Time ring_all_reduce and dist.all_reduce for each message size; rank 0 prints a table."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    rows = []
+    for nbytes in sizes_bytes:
+        x = torch.ones(nbytes // 4, device=device)
+        ring = _median_seconds(ring_all_reduce, x, repeats)
+        library = _median_seconds(dist.all_reduce, x, repeats)
+        factor = 2 * (world_size - 1) / world_size
+        rows.append(dict(nbytes=nbytes, ring_s=ring, library_s=library,
+                         ring_busbw=nbytes / ring * factor, library_busbw=nbytes / library * factor))
+    if rank == 0:
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+        print(f"{world_size} ranks, backend {dist.get_backend()}, {name}, torch {torch.__version__}")
+        print(f"{'size':>10} {'ring (ms)':>10} {'busbw GB/s':>11} {'library (ms)':>13} {'busbw GB/s':>11}")
+        for r in rows:
+            print(f"{r['nbytes'] / 2**10:8.0f}Ki {r['ring_s'] * 1e3:10.3f} {r['ring_busbw'] / 1e9:11.2f} "
+                  f"{r['library_s'] * 1e3:13.3f} {r['library_busbw'] / 1e9:11.2f}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cpu-ranks", type=int, default=0, help="run on this many gloo processes instead of torchrun")
+    parser.add_argument("--max-mib", type=int, default=256, help="largest message, in MiB")
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args(argv)
+    sizes = [2**k for k in range(12, 20 + args.max_mib.bit_length())]  # 4 KiB .. max_mib MiB
+    if args.cpu_ranks:
+        launch(bench_worker, args.cpu_ranks, sizes, args.repeats, backend="gloo", timeout=600)
+    else:
+        torchrun_main(bench_worker, sizes, args.repeats)
+
+
+if __name__ == "__main__":
+    main()
