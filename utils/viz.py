@@ -82,6 +82,7 @@ def animate(
         return []
 
     animation = FuncAnimation(fig, update, frames=n_steps, interval=interval_ms, blit=False)
-    html = animation.to_jshtml(default_mode="once")
+    with matplotlib.rc_context({"savefig.dpi": dpi}):  # frames are saved at savefig.dpi
+        html = animation.to_jshtml(default_mode="once")
     plt.close(fig)
     return HTML(html)

@@ -1,0 +1,495 @@
+"""How GPUs are wired together: switch fabrics, what they cost, and all-reduce across two levels.
+
+A cluster has two networks. *Scale-up* links (NVLink through NVSwitch) join
+the few GPUs of one node at hundreds of GB/s; a *scale-out* fabric
+(InfiniBand or Ethernet) joins the nodes through layers of switches, each with
+a fixed number of ports, its *radix* ``k``. This module sizes such fabrics and
+prices an all-reduce across the two levels.
+
+Fabrics here are folded Clos networks (Clos, "A study of non-blocking switching
+networks", Bell System Technical Journal 32(2), 1953) built from identical
+radix-``k`` switches, named as in NVIDIA's DGX SuperPOD documents: hosts
+(GPU network ports) plug into *leaf* switches, leaves into *spine* switches,
+spines into *core* switches. With no oversubscription, ``t`` tiers connect
+``2 (k/2)^t`` hosts: ``k``, ``k^2/2``, ``k^3/4`` (the k-ary fat tree of
+Al-Fares, Loukissas and Vahdat, "A Scalable, Commodity Data Center Network
+Architecture", SIGCOMM 2008, whose edge/aggregation/core are our
+leaf/spine/core).
+
+Published figures used by the book live in :data:`PUBLISHED` and
+:data:`SUPERPOD_COMPUTE_FABRIC`, each with its source.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from utils.network import ring_allreduce_time
+
+# --------------------------------------------------------------------------
+# Published figures, with their sources
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Published:
+    """A number quoted from a primary source: ``value`` in ``unit``, from ``source``."""
+
+    value: float
+    unit: str
+    source: str
+
+
+_H100_WP = "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022), fourth-generation NVLink"
+_DGX_UG = "NVIDIA DGX H100 User Guide, hardware overview"
+_QM9700 = "NVIDIA Quantum-2 QM9700/QM9790 1U NDR 400Gb/s InfiniBand switch systems datasheet"
+_SN5600 = "NVIDIA Spectrum-4 SN5600 Ethernet switch datasheet (Spectrum-X platform)"
+_RA_H100 = ("NVIDIA DGX SuperPOD Reference Architecture featuring DGX H100 systems "
+            "(RA-11333-001), Table 4 'Compute fabric component count'")
+_RA_B200 = ("NVIDIA DGX SuperPOD Reference Architecture featuring DGX B200 systems, "
+            "table 'Larger DGX SuperPOD component counts' (same 32-node SU, NDR 400 Gb/s InfiniBand)")
+_ALFARES = "Al-Fares, Loukissas, Vahdat, 'A Scalable, Commodity Data Center Network Architecture', SIGCOMM 2008"
+_LLAMA3 = "Llama Team, 'The Llama 3 Herd of Models', arXiv:2407.21783, section 3.3.1 (network)"
+
+PUBLISHED: dict[str, Published] = {
+    "quantum2_ports": Published(64, "ports per switch", _QM9700),
+    "quantum2_port_gbit_per_s": Published(400, "Gb/s per port (NDR)", _QM9700),
+    "spectrum4_ports_800g": Published(64, "ports of 800GbE per switch", _SN5600),
+    "spectrum4_ports_400g": Published(128, "ports of 400GbE per switch", _SN5600),
+    "h100_nvlink_links": Published(18, "NVLink 4 links per GPU", _H100_WP),
+    "h100_nvlink_bytes_per_s": Published(900e9, "bytes/s per GPU, both directions together", _H100_WP),
+    "dgx_h100_gpus": Published(8, "GPUs per node", _DGX_UG),
+    "dgx_h100_nvswitches": Published(4, "NVSwitch chips per node", _DGX_UG),
+    "dgx_h100_compute_nics": Published(8, "ConnectX-7 ports for the compute fabric per node", _DGX_UG),
+    "connectx7_gbit_per_s": Published(400, "Gb/s per port, each direction", _DGX_UG),
+    "superpod_su_nodes": Published(32, "DGX H100 nodes per scalable unit (SU)", _RA_H100),
+    "fat_tree_k48_hosts": Published(27_648, "hosts of a fat tree of 48-port switches", _ALFARES),
+    "llama3_pod_gpus": Published(3_072, "GPUs per full-bisection pod", _LLAMA3),
+    "llama3_cluster_gpus": Published(24_576, "GPUs per cluster (8 pods; the paper says '24K')", _LLAMA3),
+    "llama3_pod_oversubscription": Published(7, "oversubscription between pods (1:7)", _LLAMA3),
+}
+"""Published hardware and topology figures the book quotes, each with its primary source."""
+
+SUPERPOD_COMPUTE_FABRIC: dict[int, dict] = {
+    # SU count: GPU ports the fabric is built for (32 nodes x 8 per SU), switches, leaf-spine(-core) cables.
+    1: dict(gpu_ports=256, leaf=8, spine=4, core=0, leaf_spine_cables=256, source=_RA_H100),
+    2: dict(gpu_ports=512, leaf=16, spine=8, core=0, leaf_spine_cables=512, source=_RA_H100),
+    3: dict(gpu_ports=768, leaf=24, spine=16, core=0, leaf_spine_cables=768, source=_RA_H100),
+    4: dict(gpu_ports=1024, leaf=32, spine=16, core=0, leaf_spine_cables=1024, source=_RA_H100),
+    8: dict(gpu_ports=2048, leaf=64, spine=32, core=0, leaf_spine_cables=2048, source=_RA_B200),
+    16: dict(gpu_ports=4096, leaf=128, spine=128, core=64, leaf_spine_cables=4096, source=_RA_B200),
+    32: dict(gpu_ports=8192, leaf=256, spine=256, core=128, leaf_spine_cables=8192, source=_RA_B200),
+    64: dict(gpu_ports=16384, leaf=512, spine=512, core=256, leaf_spine_cables=16384, source=_RA_B200),
+}
+"""Compute-fabric switch and cable counts of DGX SuperPODs of 64-port NDR switches, by SU count.
+
+The H100 table lists 31 nodes per SU (one slot is given to the fabric manager)
+but says the fabric is built for the full SU, so ``gpu_ports`` is 256 per SU.
+"""
+
+
+def gbit_per_s_to_bytes_per_s(gbit_per_s: float) -> float:
+    """Convert a link rate in Gb/s (10^9 bits per second) to bytes/s: ``gbit_per_s * 1e9 / 8``."""
+    if gbit_per_s < 0:
+        raise ValueError(f"gbit_per_s must be >= 0, got {gbit_per_s}")
+    return gbit_per_s * 1e9 / 8
+
+
+# --------------------------------------------------------------------------
+# Input checks
+# --------------------------------------------------------------------------
+
+
+def _check_positive_int(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _check_radix(radix: int) -> None:
+    if not isinstance(radix, int) or isinstance(radix, bool) or radix < 2 or radix % 2:
+        raise ValueError(f"radix (ports per switch) must be an even int >= 2, got {radix!r}")
+
+
+def _check_tiers(tiers: int, allowed: tuple[int, ...] = (1, 2, 3)) -> None:
+    if not isinstance(tiers, int) or isinstance(tiers, bool) or tiers not in allowed:
+        raise ValueError(f"tiers must be one of {allowed}, got {tiers!r}")
+
+
+# --------------------------------------------------------------------------
+# Direct wiring and the closed forms of the fat tree
+# --------------------------------------------------------------------------
+
+
+def full_mesh_links(n: int) -> int:
+    """Cables to wire ``n`` nodes each directly to every other: ``n (n - 1) / 2``."""
+    _check_positive_int("n", n)
+    return n * (n - 1) // 2
+
+
+def full_mesh_ports_per_node(n: int) -> int:
+    """Ports each node needs in a full mesh of ``n`` nodes: ``n - 1``."""
+    _check_positive_int("n", n)
+    return n - 1
+
+
+def worst_case_hops(tiers: int) -> int:
+    """Switches on the longest shortest path between two hosts of a ``tiers``-tier Clos: ``2 tiers - 1``.
+
+    Up to the top tier and back down: 1 (one switch), 3 (leaf-spine-leaf),
+    5 (leaf-spine-core-spine-leaf).
+    """
+    _check_positive_int("tiers", tiers)
+    return 2 * tiers - 1
+
+
+def fat_tree_max_hosts(radix: int, tiers: int) -> int:
+    """Hosts of a non-blocking ``tiers``-tier fat tree of radix-``k`` switches: ``2 (k/2)^tiers``.
+
+    ``k`` for one switch, ``k^2/2`` for leaf-spine, ``k^3/4`` for three tiers
+    (Al-Fares et al., SIGCOMM 2008: k = 48 gives 27,648 hosts).
+    """
+    _check_radix(radix)
+    _check_positive_int("tiers", tiers)
+    return 2 * (radix // 2) ** tiers
+
+
+def fat_tree_switches(radix: int, tiers: int) -> int:
+    """Switches of a full non-blocking ``tiers``-tier fat tree: ``(2 tiers - 1) (k/2)^(tiers - 1)``.
+
+    1, ``3k/2`` and ``5k^2/4`` for one, two and three tiers (Al-Fares et al.,
+    SIGCOMM 2008, section 3: k pods of k/2 edge and k/2 aggregation switches, plus (k/2)^2 cores).
+    """
+    _check_radix(radix)
+    _check_positive_int("tiers", tiers)
+    return (2 * tiers - 1) * (radix // 2) ** (tiers - 1)
+
+
+def leaf_ports(radix: int, oversubscription: float = 1.0) -> tuple[int, int]:
+    """Split a leaf's ``radix`` ports into (downlinks to hosts, uplinks to spines).
+
+    Oversubscription ``r`` is the ratio downlinks : uplinks, so
+    ``down = floor(k r / (r + 1))`` and ``up = k - down`` (``r = 1``: half and half).
+    """
+    _check_radix(radix)
+    if not (isinstance(oversubscription, (int, float)) and not isinstance(oversubscription, bool)
+            and math.isfinite(oversubscription) and oversubscription > 0):
+        raise ValueError(f"oversubscription (downlinks : uplinks) must be a number > 0, got {oversubscription!r}")
+    down = math.floor(radix * oversubscription / (oversubscription + 1) + 1e-9)
+    up = radix - down
+    if down < 1 or up < 1:
+        raise ValueError(f"oversubscription {oversubscription} leaves a radix-{radix} leaf with {down} "
+                         f"downlinks and {up} uplinks; each needs at least one")
+    return down, up
+
+
+def max_hosts(radix: int, tiers: int, oversubscription: float = 1.0) -> int:
+    """Most hosts a ``tiers``-tier fabric of radix-``k`` switches connects, oversubscribed ``r`` at the leaves.
+
+    With ``d`` leaf downlinks (:func:`leaf_ports`): ``k`` for one tier, ``k d``
+    for two (each of up to ``k`` leaves reaches every spine), ``k (k/2) d`` for
+    three (up to ``k`` pods of ``k/2`` leaves). At ``r = 1`` this is
+    :func:`fat_tree_max_hosts`.
+    """
+    _check_tiers(tiers)
+    if tiers == 1:
+        _check_radix(radix)
+        return radix
+    down, _ = leaf_ports(radix, oversubscription)
+    return radix * down if tiers == 2 else radix * (radix // 2) * down
+
+
+# --------------------------------------------------------------------------
+# Building a fabric for a given number of hosts
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """A folded-Clos fabric sized for ``n_hosts`` host ports. Build one with :func:`clos`.
+
+    ``switches_per_tier`` and ``links_per_tier`` run bottom-up: (leaf, spine,
+    core) switches, and (host-leaf, leaf-spine, spine-core) cables. Parallel
+    cables between the same two switches count one each.
+    """
+
+    n_hosts: int
+    radix: int
+    tiers: int
+    hosts_per_leaf: int
+    uplinks_per_leaf: int
+    pods: int
+    switches_per_tier: tuple[int, ...]
+    links_per_tier: tuple[int, ...]
+    worst_case_hops: int
+    max_hosts: int
+
+    @property
+    def switches(self) -> int:
+        """Switches in all tiers."""
+        return sum(self.switches_per_tier)
+
+    @property
+    def cables(self) -> int:
+        """Cables in all tiers, host cables included."""
+        return sum(self.links_per_tier)
+
+    @property
+    def oversubscription(self) -> float:
+        """Leaf downlinks : uplinks as built (1.0 for a single switch)."""
+        return self.hosts_per_leaf / self.uplinks_per_leaf if self.uplinks_per_leaf else 1.0
+
+
+def _smallest_divisor_at_least(n: int, lower: int) -> int:
+    """The smallest divisor of ``n`` that is >= ``lower`` (``n`` itself if none is smaller)."""
+    for d in range(max(1, lower), n + 1):
+        if n % d == 0:
+            return d
+    raise ValueError(f"no divisor of {n} is >= {lower}")
+
+
+def _check_fits(n_hosts: int, radix: int, tiers: int, oversubscription: float) -> int:
+    _check_positive_int("n_hosts", n_hosts)
+    limit = max_hosts(radix, tiers, oversubscription)
+    if n_hosts > limit:
+        raise ValueError(
+            f"{n_hosts} hosts do not fit in {tiers} tier(s) of radix-{radix} switches at oversubscription "
+            f"{oversubscription:g} (at most {limit}); add a tier, use a larger radix or oversubscribe more")
+    return limit
+
+
+def single_switch(n_hosts: int, radix: int) -> Fabric:
+    """One switch: up to ``radix`` hosts, each one hop from every other."""
+    _check_radix(radix)
+    limit = _check_fits(n_hosts, radix, 1, 1.0)
+    return Fabric(n_hosts, radix, 1, n_hosts, 0, 1, (1,), (n_hosts,), 1, limit)
+
+
+def leaf_spine(n_hosts: int, radix: int, oversubscription: float = 1.0) -> Fabric:
+    """A two-tier leaf-spine (folded Clos) fabric for ``n_hosts`` hosts of radix-``k`` switches.
+
+    Each leaf takes ``d`` hosts and has ``u`` uplinks (:func:`leaf_ports`), so
+    ``L = ceil(n_hosts / d)`` leaves. Every leaf reaches every spine with the
+    same number of parallel cables, so the spine count ``S`` is the smallest
+    divisor of ``u`` with ``S k >= L u``. This reproduces the DGX SuperPOD
+    compute-fabric table (:data:`SUPERPOD_COMPUTE_FABRIC`), e.g. 16 spines for
+    3 SUs. At ``r = 1`` and ``n_hosts = k^2/2``: ``k`` leaves and ``k/2`` spines.
+    Cables: ``n_hosts`` host cables plus ``L u`` leaf-spine cables. Worst case 3 switch hops.
+    """
+    limit = _check_fits(n_hosts, radix, 2, oversubscription)
+    down, up = leaf_ports(radix, oversubscription)
+    leaves = -(-n_hosts // down)
+    spines = _smallest_divisor_at_least(up, -(-leaves * up // radix))
+    hops = 3 if leaves > 1 else 1
+    return Fabric(n_hosts, radix, 2, down, up, 1, (leaves, spines), (n_hosts, leaves * up), hops, limit)
+
+
+def fat_tree(n_hosts: int, radix: int, oversubscription: float = 1.0) -> Fabric:
+    """A three-tier fat tree (leaf, spine, core) for ``n_hosts`` hosts of radix-``k`` switches.
+
+    As Al-Fares et al. (SIGCOMM 2008) with oversubscription allowed at the
+    leaves only: a pod is ``k/2`` leaves and ``u`` spines (each leaf reaches
+    each spine of its pod once; each spine has ``k/2`` ports down and ``k/2``
+    up). ``P = ceil(L / (k/2))`` pods. Spine ``j`` of every pod reaches the
+    same group of ``c`` cores, ``c`` the smallest divisor of ``k/2`` with
+    ``c >= P/2``, so ``u c`` cores. At ``r = 1`` and ``n_hosts = k^3/4`` this is
+    ``k`` pods, ``k^2`` leaves and spines and ``(k/2)^2`` cores: ``5k^2/4`` switches.
+    Worst case 5 switch hops.
+    """
+    limit = _check_fits(n_hosts, radix, 3, oversubscription)
+    down, up = leaf_ports(radix, oversubscription)
+    half = radix // 2
+    leaves = -(-n_hosts // down)
+    pods = -(-leaves // half)
+    spines = pods * up
+    group = _smallest_divisor_at_least(half, -(-pods // 2))
+    cores = up * group
+    hops = 5 if pods > 1 else (3 if leaves > 1 else 1)
+    return Fabric(n_hosts, radix, 3, down, up, pods, (leaves, spines, cores),
+                  (n_hosts, leaves * up, spines * half), hops, limit)
+
+
+def clos(n_hosts: int, radix: int, tiers: int, oversubscription: float = 1.0) -> Fabric:
+    """The ``tiers``-tier fabric for ``n_hosts`` hosts: :func:`single_switch`, :func:`leaf_spine` or :func:`fat_tree`.
+
+    Raises ``ValueError`` if the hosts do not fit (compare with :func:`max_hosts` first).
+    """
+    _check_tiers(tiers)
+    if tiers == 1:
+        return single_switch(n_hosts, radix)
+    if tiers == 2:
+        return leaf_spine(n_hosts, radix, oversubscription)
+    return fat_tree(n_hosts, radix, oversubscription)
+
+
+def min_tiers(n_hosts: int, radix: int, oversubscription: float = 1.0) -> int:
+    """The fewest tiers (1, 2 or 3) whose fabric fits ``n_hosts`` hosts; ``ValueError`` if even 3 do not."""
+    _check_positive_int("n_hosts", n_hosts)
+    for tiers in (1, 2, 3):
+        if n_hosts <= max_hosts(radix, tiers, oversubscription):
+            return tiers
+    raise ValueError(f"{n_hosts} hosts need more than 3 tiers of radix-{radix} switches "
+                     f"(3 tiers hold {max_hosts(radix, 3, oversubscription)}); use a larger radix")
+
+
+# --------------------------------------------------------------------------
+# Explicit wiring of small fabrics, and paths through them
+# --------------------------------------------------------------------------
+
+Node = tuple[str, int]
+"""A node of a wiring: ``("host", i)``, ``("leaf", i)``, ``("spine", i)`` or ``("core", i)``."""
+
+MAX_WIRED_HOSTS = 4096
+
+
+def wiring(fabric: Fabric) -> list[tuple[Node, Node]]:
+    """Every cable of ``fabric`` as a (lower, upper) pair of nodes; parallel cables repeat.
+
+    Host ``i`` plugs into leaf ``i // hosts_per_leaf``. Only for fabrics of at
+    most :data:`MAX_WIRED_HOSTS` hosts (the list has one entry per cable).
+    """
+    if not isinstance(fabric, Fabric):
+        raise ValueError(f"fabric must be a Fabric (build one with clos()), got {type(fabric).__name__}")
+    if fabric.n_hosts > MAX_WIRED_HOSTS:
+        raise ValueError(f"wiring lists every cable; use at most {MAX_WIRED_HOSTS} hosts, got {fabric.n_hosts}")
+    d, u, k = fabric.hosts_per_leaf, fabric.uplinks_per_leaf, fabric.radix
+    links: list[tuple[Node, Node]] = [(("host", i), ("leaf", i // d)) for i in range(fabric.n_hosts)]
+    if fabric.tiers == 1:
+        return [(h, ("leaf", 0)) for h, _ in links]
+    leaves = fabric.switches_per_tier[0]
+    if fabric.tiers == 2:
+        spines = fabric.switches_per_tier[1]
+        for leaf in range(leaves):
+            for spine in range(spines):
+                links += [(("leaf", leaf), ("spine", spine))] * (u // spines)
+        return links
+    half = k // 2
+    group = fabric.switches_per_tier[2] // u
+    for leaf in range(leaves):
+        pod = leaf // half
+        links += [(("leaf", leaf), ("spine", pod * u + j)) for j in range(u)]
+    for spine in range(fabric.switches_per_tier[1]):
+        j = spine % u
+        for c in range(group):
+            links += [(("spine", spine), ("core", j * group + c))] * (half // group)
+    return links
+
+
+def shortest_path(links: list[tuple[Node, Node]], src: Node, dst: Node) -> list[Node]:
+    """The nodes of a shortest path from ``src`` to ``dst`` through ``links`` (breadth-first search).
+
+    Ties go to the lowest-numbered neighbour, so the path is deterministic.
+    The number of switches crossed is ``len(path) - 2`` between two hosts.
+    """
+    neighbours: dict[Node, set[Node]] = {}
+    for a, b in links:
+        neighbours.setdefault(a, set()).add(b)
+        neighbours.setdefault(b, set()).add(a)
+    for node in (src, dst):
+        if node not in neighbours:
+            raise ValueError(f"{node} is not connected to anything in these links")
+    parent: dict[Node, Node | None] = {src: None}
+    queue = deque([src])
+    while queue:
+        node = queue.popleft()
+        if node == dst:
+            break
+        for nxt in sorted(neighbours[node]):
+            if nxt not in parent:
+                parent[nxt] = node
+                queue.append(nxt)
+    if dst not in parent:
+        raise ValueError(f"{dst} cannot be reached from {src}")
+    path = [dst]
+    while parent[path[-1]] is not None:
+        path.append(parent[path[-1]])
+    return path[::-1]
+
+
+# --------------------------------------------------------------------------
+# Static (hash-based) routing: collisions of big flows
+# --------------------------------------------------------------------------
+
+
+def ecmp_expected_busy_paths(flows: int, paths: int) -> float:
+    """Expected number of paths that carry at least one flow when ``flows`` flows are hashed onto ``paths``.
+
+    Equal-cost multi-path routing picks a path per flow by hashing its header,
+    independently and uniformly: ``paths (1 - (1 - 1/paths)^flows)`` (balls into bins).
+    The other paths sit idle while some carry two or more flows.
+    """
+    _check_positive_int("flows", flows)
+    _check_positive_int("paths", paths)
+    return paths * (1 - (1 - 1 / paths) ** flows)
+
+
+# --------------------------------------------------------------------------
+# All-reduce across two levels: NVLink inside nodes, scale-out between them
+# --------------------------------------------------------------------------
+
+
+def _check_two_level(nbytes: float, gpus_per_node: int, n_nodes: int, intra_bandwidth: float,
+                     intra_latency: float, inter_bandwidth: float, inter_latency: float) -> None:
+    _check_positive_int("gpus_per_node", gpus_per_node)
+    _check_positive_int("n_nodes", n_nodes)
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    for name, bw in (("intra_bandwidth", intra_bandwidth), ("inter_bandwidth", inter_bandwidth)):
+        if bw <= 0:
+            raise ValueError(f"{name} must be > 0 bytes/s, got {bw}")
+    for name, lat in (("intra_latency", intra_latency), ("inter_latency", inter_latency)):
+        if lat < 0:
+            raise ValueError(f"{name} must be >= 0 seconds, got {lat}")
+
+
+def hierarchical_allreduce_time(nbytes: float, gpus_per_node: int, n_nodes: int,
+                                intra_bandwidth: float, intra_latency: float,
+                                inter_bandwidth: float, inter_latency: float) -> float:
+    """Seconds for a two-level all-reduce of ``nbytes`` per GPU over ``n_nodes`` nodes of ``gpus_per_node`` GPUs.
+
+    1. reduce-scatter inside each node (ring over NVLink): each GPU ends with
+       the node's sum of one ``1/g`` shard;
+    2. all-reduce of that shard (``nbytes / g``) across nodes, among the GPUs
+       of equal local rank, each through its own NIC;
+    3. all-gather inside each node.
+
+    Steps 1 and 3 together cost one intra-node ring all-reduce, so with
+    :func:`utils.network.ring_allreduce_time` (phases run one after the other, no overlap):
+    ``ring(g, nbytes, B_intra, a_intra) + ring(N, nbytes / g, B_inter, a_inter)``.
+    Bandwidths are each GPU's send bandwidth in bytes/s (one direction).
+    """
+    _check_two_level(nbytes, gpus_per_node, n_nodes, intra_bandwidth, intra_latency,
+                     inter_bandwidth, inter_latency)
+    inside = ring_allreduce_time(gpus_per_node, nbytes, intra_bandwidth, intra_latency)
+    across = ring_allreduce_time(n_nodes, nbytes / gpus_per_node, inter_bandwidth, inter_latency)
+    return inside + across
+
+
+def flat_ring_allreduce_time(nbytes: float, gpus_per_node: int, n_nodes: int,
+                             intra_bandwidth: float, intra_latency: float,
+                             inter_bandwidth: float, inter_latency: float, rings: int = 1) -> float:
+    """Seconds for a flat ring all-reduce over all ``g N`` GPUs, ordered node by node.
+
+    The data is split over ``rings`` parallel rings (1 <= rings <= g), each
+    leaving every node through its own NIC. A ring step moves one chunk
+    ``c = nbytes / (rings g N)`` over every hop at once and lasts as long as its
+    slowest hop: ``max(a_intra + c rings / B_intra, a_inter + c / B_inter)``
+    (the NVLink bandwidth of a GPU is shared by its rings). The ring takes
+    ``2 (g N - 1)`` steps, as in :func:`utils.network.ring_allreduce_time`,
+    which this equals when ``N = 1`` or when one ring is paced by the
+    inter-node link. Bandwidths are per GPU, one direction, in bytes/s.
+    """
+    _check_two_level(nbytes, gpus_per_node, n_nodes, intra_bandwidth, intra_latency,
+                     inter_bandwidth, inter_latency)
+    if not isinstance(rings, int) or isinstance(rings, bool) or not 1 <= rings <= gpus_per_node:
+        raise ValueError(f"rings must be an int from 1 to gpus_per_node={gpus_per_node} "
+                         f"(one NIC per GPU), got {rings!r}")
+    n = gpus_per_node * n_nodes
+    if n == 1:
+        return 0.0
+    chunk = nbytes / (rings * n)
+    step = intra_latency + chunk * rings / intra_bandwidth if gpus_per_node > 1 else 0.0
+    if n_nodes > 1:
+        step = max(step, inter_latency + chunk / inter_bandwidth)
+    return 2 * (n - 1) * step
