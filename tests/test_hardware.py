@@ -91,3 +91,13 @@ def test_impossible_launches_raise(args):
 def test_littles_law():
     # 3.35 TB/s with ~600 ns of DRAM latency needs about 2 MB in flight.
     assert hardware.bytes_in_flight(3.35e12, 600e-9) == pytest.approx(2.01e6)
+
+
+@pytest.mark.parametrize("device_name, expected", [
+    ("NVIDIA H100 80GB HBM3", "H100-SXM"), ("NVIDIA H200", "H200"), ("NVIDIA B200", "B200"),
+    ("NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB"), ("Tesla V100-SXM2-32GB", "V100-SXM2"),
+    ("NVIDIA H100 PCIe", None), ("NVIDIA A100-PCIE-40GB", None), ("NVIDIA GeForce RTX 4090", None),
+])
+def test_spec_for_device_name(device_name, expected):
+    found = hardware.spec_for_device(device_name)
+    assert (found.name if found else None) == expected

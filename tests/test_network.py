@@ -1,8 +1,24 @@
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from utils.network import ring_allreduce_time
+from utils.network import (
+    ALLREDUCE_COST_MODELS,
+    COLLECTIVES,
+    algorithm_bandwidth,
+    allreduce_bus_bandwidth,
+    allreduce_lower_bound_time,
+    bus_bandwidth,
+    bus_bandwidth_factor,
+    direct_allreduce_time,
+    double_binary_tree_allreduce_time,
+    double_binary_tree_pipeline_blocks,
+    naive_allreduce_time,
+    ring_allreduce_time,
+    tree_allreduce_time,
+)
 
 
 def test_ring_allreduce_formula():
@@ -25,3 +41,115 @@ def test_bandwidth_term_approaches_twice_the_message_time(n, nbytes):
 def test_bad_input_raises(args):
     with pytest.raises(ValueError):
         ring_allreduce_time(*args)
+
+
+# --- the other all-reduce cost models -------------------------------------------------------------------
+
+ALPHA, BW = 5e-6, 100e9  # 5 us per message, 100 GB/s per direction
+
+
+def test_naive_root_carries_2_n_minus_1_buffers():
+    assert naive_allreduce_time(8, 1e9, BW, ALPHA) == pytest.approx(14 * (ALPHA + 0.01))
+
+
+def test_direct_sends_n_minus_1_buffers():
+    assert direct_allreduce_time(8, 1e9, BW, ALPHA) == pytest.approx(7 * (ALPHA + 0.01))
+
+
+@pytest.mark.parametrize("n, rounds", [(2, 1), (4, 2), (5, 3), (8, 3), (9, 4), (1024, 10)])
+def test_binomial_tree_takes_ceil_log2_rounds_each_way(n, rounds):
+    assert tree_allreduce_time(n, 1e6, BW, ALPHA) == pytest.approx(2 * rounds * (ALPHA + 1e6 / BW))
+
+
+def test_double_binary_tree_without_latency_sends_each_buffer_once_per_phase():
+    assert double_binary_tree_allreduce_time(64, 1e9, BW, 0.0) == pytest.approx(2 * 1e9 / BW)
+
+
+def test_double_binary_tree_closed_form_at_the_best_block_count():
+    # Sanders, Speck and Traff (2009): one phase is (sqrt(m/B) + sqrt(2 L alpha))^2 when k* >= 1.
+    n, m = 64, 1e9
+    L = 6
+    assert double_binary_tree_pipeline_blocks(n, m, BW, ALPHA) > 1
+    phase = (math.sqrt(m / BW) + math.sqrt(2 * L * ALPHA)) ** 2
+    assert double_binary_tree_allreduce_time(n, m, BW, ALPHA) == pytest.approx(2 * phase)
+
+
+@given(st.integers(2, 100_000), st.floats(1, 1e11), st.floats(1e-7, 1e-4), st.floats(1, 1e6))
+def test_double_binary_tree_default_blocks_are_the_best(n, nbytes, latency, blocks):
+    best = double_binary_tree_allreduce_time(n, nbytes, BW, latency)
+    assert best <= double_binary_tree_allreduce_time(n, nbytes, BW, latency, blocks=blocks) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(ALLREDUCE_COST_MODELS))
+@given(n=st.integers(2, 4096), nbytes=st.floats(0, 1e11), latency=st.floats(0, 1e-3))
+def test_no_algorithm_beats_the_lower_bounds(name, n, nbytes, latency):
+    # Bandwidth: every GPU must move 2(n-1)/n of its buffer (Patarasuk and Yuan 2009).
+    # Latency: data from every GPU must reach every GPU, which takes at least ceil(log2 n) steps.
+    t = ALLREDUCE_COST_MODELS[name](n, nbytes, BW, latency)
+    assert t >= allreduce_lower_bound_time(n, nbytes, BW) * (1 - 1e-12)
+    assert t >= math.ceil(math.log2(n)) * latency * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(ALLREDUCE_COST_MODELS))
+def test_one_gpu_needs_no_time_in_any_model(name):
+    assert ALLREDUCE_COST_MODELS[name](1, 1e9, BW, ALPHA) == 0.0
+
+
+def test_ring_reaches_the_bandwidth_lower_bound_without_latency():
+    assert ring_allreduce_time(8, 1e9, BW, 0.0) == pytest.approx(allreduce_lower_bound_time(8, 1e9, BW))
+
+
+def test_ring_wins_large_buffers_trees_win_small_ones_at_scale():
+    # The trade-off NCCL 2.4 introduced double binary trees for (Jeaugey, NVIDIA blog 2019).
+    assert ring_allreduce_time(8, 1e9, BW, ALPHA) < double_binary_tree_allreduce_time(8, 1e9, BW, ALPHA)
+    assert double_binary_tree_allreduce_time(1024, 1e6, BW, ALPHA) < ring_allreduce_time(1024, 1e6, BW, ALPHA) / 10
+
+
+# --- algorithm and bus bandwidth (nccl-tests doc/PERFORMANCE.md) ---------------------------------------
+
+
+@pytest.mark.parametrize("collective, n, factor", [
+    ("all_reduce", 8, 2 * 7 / 8), ("all_reduce", 2, 1.0), ("all_reduce", 1, 0.0),
+    ("reduce_scatter", 8, 7 / 8), ("all_gather", 8, 7 / 8), ("all_to_all", 4, 3 / 4),
+    ("broadcast", 8, 1.0), ("reduce", 8, 1.0),
+])
+def test_nccl_tests_bus_bandwidth_factors(collective, n, factor):
+    assert bus_bandwidth_factor(collective, n) == pytest.approx(factor)
+
+
+def test_every_collective_has_a_factor_at_most_two():
+    for collective in COLLECTIVES:
+        assert 0 <= bus_bandwidth_factor(collective, 1024) < 2
+
+
+def test_bus_bandwidth_of_an_8_gpu_all_reduce():
+    # 1 GB in 10 ms: algbw 100 GB/s, busbw 175 GB/s.
+    algbw = algorithm_bandwidth(1e9, 0.01)
+    assert algbw == pytest.approx(100e9)
+    assert allreduce_bus_bandwidth(algbw, 8) == pytest.approx(175e9)
+    assert bus_bandwidth("all_gather", algbw, 8) == pytest.approx(87.5e9)
+
+
+@given(st.integers(2, 4096), st.floats(1e3, 1e12))
+def test_ring_bus_bandwidth_is_the_link_bandwidth_for_any_n(n, nbytes):
+    # The point of busbw: an ideal ring measures the link bandwidth whatever the number of ranks.
+    algbw = algorithm_bandwidth(nbytes, ring_allreduce_time(n, nbytes, BW, 0.0))
+    assert allreduce_bus_bandwidth(algbw, n) == pytest.approx(BW)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: bus_bandwidth_factor("allreduce", 8),
+    lambda: bus_bandwidth_factor("all_reduce", 0),
+    lambda: bus_bandwidth("all_reduce", -1.0, 8),
+    lambda: algorithm_bandwidth(1e9, 0),
+    lambda: algorithm_bandwidth(-1, 1),
+    lambda: tree_allreduce_time(0, 1e9, BW, ALPHA),
+    lambda: naive_allreduce_time(8, -1, BW, ALPHA),
+    lambda: direct_allreduce_time(8, 1e9, 0, ALPHA),
+    lambda: double_binary_tree_allreduce_time(8, 1e9, BW, -1e-6),
+    lambda: double_binary_tree_allreduce_time(8, 1e9, BW, ALPHA, blocks=0.5),
+    lambda: allreduce_lower_bound_time(8, 1e9, 0),
+])
+def test_bad_collective_input_raises(call):
+    with pytest.raises(ValueError):
+        call()

@@ -230,3 +230,20 @@ def bytes_in_flight(bandwidth_bytes_per_s: float, latency_seconds: float) -> flo
     if bandwidth_bytes_per_s < 0 or latency_seconds < 0:
         raise ValueError(f"bandwidth and latency must be >= 0, got {bandwidth_bytes_per_s} and {latency_seconds}")
     return bandwidth_bytes_per_s * latency_seconds
+
+
+def spec_for_device(device_name: str) -> GpuSpec | None:
+    """The spec matching a driver-reported name (``torch.cuda.get_device_name()``), or None if unknown.
+
+    "NVIDIA H100 80GB HBM3" -> H100-SXM; "NVIDIA H200" -> H200; "NVIDIA A100-SXM4-80GB" ->
+    A100-SXM4-80GB; "NVIDIA B200" -> B200; "Tesla V100-SXM2-32GB" -> V100-SXM2. PCIe and
+    other variants (e.g. "H100 PCIe", "A100-PCIE-40GB") have other peaks and return None.
+    """
+    name = device_name.upper()
+    if "PCIE" in name or "NVL" in name:
+        return None
+    for key, gpu in (("H200", "H200"), ("B200", "B200"), ("H100", "H100-SXM"),
+                     ("A100-SXM4-80GB", "A100-SXM4-80GB"), ("V100-SXM2", "V100-SXM2")):
+        if key in name:
+            return GPUS[gpu]
+    return None

@@ -5,9 +5,18 @@ The alpha-beta model prices one message of ``n`` bytes over a link as
 bandwidth ``B`` (bytes/s). Collective algorithms are priced by counting their
 steps and the bytes each step sends (Thakur, Rabenseifner and Gropp,
 "Optimization of Collective Communication Operations in MPICH", IJHPCA 2005).
+
+Here: the ring (:func:`ring_allreduce_time`) and the other all-reduce
+algorithms it is compared with (naive, direct, binomial tree, double binary
+tree; all in :data:`ALLREDUCE_COST_MODELS`), the bandwidth lower bound, and the
+algorithm and bus bandwidths that nccl-tests reports (:func:`bus_bandwidth`).
+Bandwidths are in bytes/s, latencies and times in seconds, sizes in bytes.
 """
 
 from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Callable, Mapping
 
 
 def _check_collective_args(n: int, nbytes: float, bandwidth: float, latency: float) -> None:
@@ -34,3 +43,178 @@ def ring_allreduce_time(n: int, nbytes: float, bandwidth: float, latency: float)
     if n == 1:
         return 0.0
     return 2 * (n - 1) * latency + 2 * (n - 1) / n * nbytes / bandwidth
+
+
+# --- Other all-reduce algorithms, in the same alpha-beta model -------------------------------------------
+#
+# Every model below prices a message of m bytes at ``latency + m / bandwidth`` and lets each GPU send one
+# message and receive one message at a time (full-duplex links). The local additions of a reduction are
+# left out: a GPU adds numbers far faster than a link delivers them.
+
+
+def _log2_ceil(n: int) -> int:
+    """Rounds of a binary tree over ``n`` nodes: ``ceil(log2 n)`` (0 for one node)."""
+    return (n - 1).bit_length()
+
+
+def naive_allreduce_time(n: int, nbytes: float, bandwidth: float, latency: float) -> float:
+    """Seconds for an all-reduce through a root: everyone sends to GPU 0, which sends the sum back.
+
+    ``2(n-1) * (latency + nbytes / bandwidth)``: the root receives ``n - 1``
+    whole buffers one after the other (a reduce), then sends the result ``n - 1``
+    times (a broadcast). Its link carries ``2(n-1)`` buffers while the others
+    idle, so the time grows linearly with ``n``. The simplest scheme, and a
+    baseline for the others.
+    """
+    _check_collective_args(n, nbytes, bandwidth, latency)
+    return 2 * (n - 1) * (latency + nbytes / bandwidth)
+
+
+def direct_allreduce_time(n: int, nbytes: float, bandwidth: float, latency: float) -> float:
+    """Seconds for an all-reduce in which every GPU sends its whole buffer to every other GPU.
+
+    ``(n-1) * (latency + nbytes / bandwidth)``: each GPU sends ``n - 1`` whole
+    buffers (and receives as many on the other direction of its link), then
+    adds what it received. No root bottleneck, but each link still carries
+    ``(n-1)`` buffers, against less than 2 for the ring.
+    """
+    _check_collective_args(n, nbytes, bandwidth, latency)
+    return (n - 1) * (latency + nbytes / bandwidth)
+
+
+def tree_allreduce_time(n: int, nbytes: float, bandwidth: float, latency: float) -> float:
+    """Seconds for a binomial-tree reduce to one GPU followed by a binomial-tree broadcast.
+
+    ``2 ceil(log2 n) * (latency + nbytes / bandwidth)``: each of the
+    ``ceil(log2 n)`` rounds of the reduce halves the number of GPUs holding
+    partial sums, each sending its whole buffer; the broadcast mirrors it
+    (the binomial-tree reduce and broadcast costs of Thakur, Rabenseifner and
+    Gropp, "Optimization of Collective Communication Operations in MPICH",
+    IJHPCA 2005). Latency grows only as ``log n``, but every round moves the
+    whole buffer.
+    """
+    _check_collective_args(n, nbytes, bandwidth, latency)
+    return 2 * _log2_ceil(n) * (latency + nbytes / bandwidth)
+
+
+def double_binary_tree_pipeline_blocks(n: int, nbytes: float, bandwidth: float, latency: float) -> float:
+    """The number ``k`` of pipeline blocks per tree that minimises :func:`double_binary_tree_allreduce_time`.
+
+    ``k* = sqrt(L * nbytes / (2 * latency * bandwidth))`` with ``L = ceil(log2 n)``,
+    at least 1 (Sanders, Speck and Träff 2009). Infinite when ``latency`` is 0.
+    """
+    _check_collective_args(n, nbytes, bandwidth, latency)
+    depth = _log2_ceil(n)
+    if latency == 0:
+        return float("inf")
+    return max(1.0, (depth * nbytes / (2 * latency * bandwidth)) ** 0.5)
+
+
+def double_binary_tree_allreduce_time(n: int, nbytes: float, bandwidth: float, latency: float,
+                                      blocks: float | None = None) -> float:
+    """Seconds for a pipelined two-tree (double binary tree) reduce followed by a broadcast.
+
+    Two binary trees span the ``n`` GPUs; every GPU is an inner node of at most
+    one of them, so each tree carries half the buffer at the full link
+    bandwidth (Sanders, Speck and Träff, "Two-tree algorithms for full bandwidth
+    broadcast, reduction and scan", Parallel Computing 35(12), 2009; used by
+    NCCL since 2.4: Jeaugey, "Massively Scale Your Deep Learning Training with
+    NCCL 2.4", NVIDIA Technical Blog, 2019). Each half is cut into ``k`` blocks
+    and pipelined; following Sanders et al.'s step count, a reduce takes about
+    ``2(L + k)`` steps of one ``nbytes / (2k)``-byte block, ``L = ceil(log2 n)``,
+    and the broadcast as many again. (A model: NCCL overlaps the two phases and
+    its real trees have their own constants.)
+
+    ``2 * 2(L + k) * (latency + nbytes / (2 k bandwidth))``.
+
+    With the best ``k`` (:func:`double_binary_tree_pipeline_blocks`, the default
+    when ``blocks`` is None) one phase is ``(sqrt(nbytes / bandwidth) + sqrt(2 L latency))**2``:
+    bandwidth term ``nbytes / bandwidth`` like a single message, latency term
+    growing only as ``log n``. Large buffers pay about 2 ``nbytes / bandwidth``
+    in all, slightly more than the ring's ``2(n-1)/n``; small ones far less latency.
+    """
+    _check_collective_args(n, nbytes, bandwidth, latency)
+    if n == 1:
+        return 0.0
+    depth = _log2_ceil(n)
+    if blocks is None:
+        blocks = double_binary_tree_pipeline_blocks(n, nbytes, bandwidth, latency)
+    elif not blocks >= 1:
+        raise ValueError(f"blocks (pipeline blocks per tree) must be >= 1, got {blocks!r}")
+    if blocks == float("inf"):  # no latency: infinitely fine pipelining, the bandwidth term alone
+        return 2 * nbytes / bandwidth
+    return 2 * 2 * (depth + blocks) * (latency + nbytes / (2 * blocks * bandwidth))
+
+
+def allreduce_lower_bound_time(n: int, nbytes: float, bandwidth: float) -> float:
+    """The least time any all-reduce of ``nbytes`` per GPU can take on links of ``bandwidth`` bytes/s.
+
+    ``2(n-1)/n * nbytes / bandwidth``: every GPU must send and receive at least
+    ``2(n-1)/n`` times its buffer (Patarasuk and Yuan, JPDC 2009; the same
+    argument gives the all-reduce bus-bandwidth factor of nccl-tests,
+    doc/PERFORMANCE.md). The ring reaches it when latency is 0.
+    """
+    _check_collective_args(n, nbytes, bandwidth, 0.0)
+    return 2 * (n - 1) / n * nbytes / bandwidth
+
+
+ALLREDUCE_COST_MODELS: Mapping[str, Callable[[int, float, float, float], float]] = MappingProxyType({
+    "naive (through a root)": naive_allreduce_time,
+    "direct (all to all)": direct_allreduce_time,
+    "binomial tree": tree_allreduce_time,
+    "double binary tree": double_binary_tree_allreduce_time,
+    "ring": ring_allreduce_time,
+})
+"""The all-reduce cost models of this module by name, each ``f(n, nbytes, bandwidth, latency) -> seconds``."""
+
+
+# --- Algorithm bandwidth and bus bandwidth (nccl-tests) ---------------------------------------------------
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
+"""Collectives that nccl-tests reports a bus bandwidth for (NCCL's five, plus all-to-all)."""
+
+
+def bus_bandwidth_factor(collective: str, n: int) -> float:
+    """busbw / algbw for ``collective`` on ``n`` ranks, as nccl-tests computes it.
+
+    NVIDIA nccl-tests, doc/PERFORMANCE.md, "Summary": all-reduce ``2(n-1)/n``;
+    reduce-scatter, all-gather and all-to-all ``(n-1)/n``; broadcast and reduce
+    ``1``. The factor turns the algorithm bandwidth into the bandwidth each
+    rank's link sustained, which can be compared with the hardware's peak
+    whatever ``n`` is.
+    """
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}; allowed: {', '.join(COLLECTIVES)}")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n (the number of ranks) must be a positive int, got {n!r}")
+    if collective == "all_reduce":
+        return 2 * (n - 1) / n
+    if collective in ("reduce_scatter", "all_gather", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+def algorithm_bandwidth(nbytes: float, seconds: float) -> float:
+    """algbw = ``nbytes / seconds`` in bytes/s (nccl-tests, doc/PERFORMANCE.md).
+
+    ``nbytes`` is the size S of the operation: the buffer of an all-reduce,
+    broadcast or reduce; the *whole* gathered (or scattered) array of an
+    all-gather or reduce-scatter, that is ``n`` times each rank's piece.
+    """
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    if not seconds > 0:
+        raise ValueError(f"seconds must be > 0, got {seconds}")
+    return nbytes / seconds
+
+
+def bus_bandwidth(collective: str, algbw: float, n: int) -> float:
+    """busbw = ``algbw * bus_bandwidth_factor(collective, n)`` in the unit of ``algbw`` (nccl-tests)."""
+    if algbw < 0:
+        raise ValueError(f"algbw must be >= 0, got {algbw}")
+    return algbw * bus_bandwidth_factor(collective, n)
+
+
+def allreduce_bus_bandwidth(algbw: float, n: int) -> float:
+    """All-reduce bus bandwidth: ``algbw * 2(n-1)/n`` (nccl-tests, doc/PERFORMANCE.md)."""
+    return bus_bandwidth("all_reduce", algbw, n)
