@@ -89,7 +89,7 @@ def test_impossible_launches_raise(args):
 
 
 def test_littles_law():
-    # 3.35 TB/s with ~600 ns of DRAM latency needs about 2 MB in flight.
+    # Arithmetic of the law: 3.35 TB/s times an assumed (loaded) latency of 600 ns is 2.01 MB in flight.
     assert hardware.bytes_in_flight(3.35e12, 600e-9) == pytest.approx(2.01e6)
 
 

@@ -1,0 +1,142 @@
+"""Row-wise softmax in Triton, fused into one kernel: the reference solution of lab 2
+(``labs/01-gpu-architecture/02-fused-softmax``).
+
+The *safe* softmax of a row ``x`` subtracts the row maximum before
+exponentiating, which leaves the result unchanged and keeps ``exp`` from
+overflowing:
+
+    softmax(x)_j = exp(x_j - max_k x_k) / sum_i exp(x_i - max_k x_k)
+
+Written as separate PyTorch ops (:func:`softmax_unfused`: max, subtract, exp,
+sum, divide) each op reads its input from memory and writes its output back.
+The fused kernel :func:`softmax_kernel` loads a whole row once into registers,
+does all five steps there, and writes the result once: ``M N`` elements read
+and ``M N`` written, against ``5 M N + 2 M`` read and ``3 M N + 2 M`` written
+unfused (Triton tutorial ``02-fused-softmax.py``, triton-lang/triton,
+``python/tutorials``). :func:`softmax_nbytes` counts both.
+
+One program handles one row, with ``BLOCK_SIZE = next_power_of_2(n_cols)``
+lanes; lanes past the row's end load ``-inf``, so they add ``exp(-inf) = 0``
+to the sum and never win the max.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from utils.device import check_tensors
+
+MAX_N_COLS = 2**16
+"""Longest row :func:`softmax` accepts. The whole row lives in registers: compiled for sm_90a
+(H100) with 16 warps, ptxas reports no register spills up to 2**15 fp32 columns and a few hundred
+bytes of spills at 2**16; longer rows would spill more and more. Longer rows need an online
+softmax over tiles (the attention chapter)."""
+
+UNFUSED_OPS: tuple[tuple[str, tuple[int, int], tuple[int, int]], ...] = (
+    # op, elements read as (a, b) meaning a*M*N + b*M, elements written likewise
+    ("max", (1, 0), (0, 1)),        # read x, write the row maxima m
+    ("subtract", (1, 1), (1, 0)),   # read x and m, write z = x - m
+    ("exp", (1, 0), (1, 0)),        # read z, write e = exp(z)
+    ("sum", (1, 0), (0, 1)),        # read e, write the row sums s
+    ("divide", (1, 1), (1, 0)),     # read e and s, write y = e / s
+)
+"""Memory traffic of :func:`softmax_unfused`, op by op, in elements of an M x N input.
+Summed: ``5 M N + 2 M`` read, ``3 M N + 2 M`` written (Triton tutorial ``02-fused-softmax.py``)."""
+
+
+def num_warps_for(block_size: int) -> int:
+    """Warps per program for a row of ``block_size`` lanes: 4 below 2048, 8 below 4096, else 16.
+
+    More warps for longer rows keeps the elements each thread holds in registers
+    bounded (the heuristic of Triton's fused-softmax tutorial). The interpreter ignores it.
+    """
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    if block_size >= 4096:
+        return 16
+    if block_size >= 2048:
+        return 8
+    return 4
+
+
+@triton.jit
+def softmax_kernel(out_ptr, in_ptr, in_row_stride, out_row_stride, n_cols, BLOCK_SIZE: tl.constexpr):
+    """Program ``row`` writes the safe softmax of input row ``row``, computed in fp32, in one pass."""
+    row = tl.program_id(axis=0)
+    cols = tl.arange(0, BLOCK_SIZE)
+    mask = cols < n_cols
+    x = tl.load(in_ptr + row * in_row_stride + cols, mask=mask, other=-float("inf")).to(tl.float32)
+    z = x - tl.max(x, axis=0)
+    numerator = tl.exp(z)
+    denominator = tl.sum(numerator, axis=0)
+    y = numerator / denominator
+    tl.store(out_ptr + row * out_row_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _check_matrix(x: torch.Tensor) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"x is a {type(x).__name__}, expected a torch.Tensor")
+    if x.dim() != 2:
+        raise ValueError(f"softmax takes a 2-D tensor (rows x columns), got {x.dim()}-D shape {tuple(x.shape)}; "
+                         "reshape it to (-1, n_cols) first")
+    if not x.is_floating_point():
+        raise ValueError(f"softmax needs a floating-point tensor, got {x.dtype}")
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """Softmax of each row of a 2-D tensor (along ``dim=-1``) by :func:`softmax_kernel`, as a new tensor.
+
+    ``x`` must be a contiguous 2-D floating-point tensor on :func:`utils.device.device`
+    with ``1 <= n_cols <=`` :data:`MAX_N_COLS`. Computes in fp32, returns ``x.dtype``.
+    """
+    check_tensors(x)
+    _check_matrix(x)
+    if not x.is_contiguous():
+        raise ValueError("x must be contiguous (one program reads one row of consecutive elements); "
+                         "call .contiguous() first")
+    n_rows, n_cols = x.shape
+    if not 1 <= n_cols <= MAX_N_COLS:
+        raise ValueError(f"rows must have 1 to {MAX_N_COLS} columns to fit in one program, got {n_cols}")
+    y = torch.empty_like(x)
+    if n_rows == 0:
+        return y
+    block_size = triton.next_power_of_2(n_cols)
+    softmax_kernel[(n_rows,)](y, x, x.stride(0), y.stride(0), n_cols,
+                              BLOCK_SIZE=block_size, num_warps=num_warps_for(block_size))
+    return y
+
+
+def softmax_unfused(x: torch.Tensor) -> torch.Tensor:
+    """Safe softmax along ``dim=-1`` as five separate PyTorch ops (max, subtract, exp, sum, divide).
+
+    Each op is its own kernel and its own trip through memory: the baseline
+    whose traffic :data:`UNFUSED_OPS` counts. Computes in ``x.dtype``, on any device
+    (``meta`` tensors included, so its traffic can be counted without computing).
+    """
+    _check_matrix(x)
+    row_max = x.amax(dim=1, keepdim=True)  # amax, not max: max(dim) also writes int64 indices
+    z = x - row_max
+    numerator = torch.exp(z)
+    denominator = numerator.sum(dim=1, keepdim=True)
+    return numerator / denominator
+
+
+def softmax_nbytes(n_rows: int, n_cols: int, element_size: int, fused: bool = True) -> int:
+    """Bytes a row-wise softmax of an ``n_rows x n_cols`` matrix moves to and from memory.
+
+    Fused: read once, write once, ``2 M N`` elements. Unfused (:data:`UNFUSED_OPS`):
+    ``(5 M N + 2 M) + (3 M N + 2 M) = 8 M N + 4 M`` elements. Times ``element_size`` bytes.
+    """
+    for value, what in ((n_rows, "n_rows"), (n_cols, "n_cols")):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{what} must be an int >= 0, got {value!r}")
+    if element_size not in (1, 2, 4, 8):
+        raise ValueError(f"element_size must be 1, 2, 4 or 8 bytes, got {element_size!r}")
+    m, n = n_rows, n_cols
+    if fused:
+        elements = 2 * m * n
+    else:
+        elements = sum(a * m * n + b * m for _, read, write in UNFUSED_OPS for a, b in (read, write))
+    return elements * element_size
