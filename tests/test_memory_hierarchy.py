@@ -1,0 +1,140 @@
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from utils import hardware
+from utils import memory_hierarchy as mh
+
+
+def test_h100_levels_match_the_whitepaper_and_datasheet():
+    levels = {lv.name: lv for lv in mh.hierarchy("H100-SXM")}
+    assert tuple(levels) == mh.LEVEL_NAMES
+    # H100 whitepaper: 64K 32-bit registers (256 KB) and 256 KB of L1/shared memory per SM, 132 SMs, 50 MB L2.
+    assert levels["registers"].size_bytes == 256 * 1024 * 132
+    assert levels["L1 / shared memory"].size_bytes == 256 * 1024 * 132
+    assert levels["L2 cache"].size_bytes == 50 * 2**20
+    # H100 SXM datasheet: 80 GB HBM3 at 3.35 TB/s; PCIe Gen5 128 GB/s and NVLink 900 GB/s, both bidirectional.
+    assert levels["HBM"].size_bytes == 80e9
+    assert levels["HBM"].bandwidth_bytes_per_s == pytest.approx(3.35e12)
+    assert levels["host memory (PCIe)"].bandwidth_bytes_per_s == pytest.approx(64e9)
+    assert levels["peer GPUs (NVLink)"].bandwidth_bytes_per_s == pytest.approx(450e9)
+
+
+def test_clock_derived_from_the_fp32_peak_matches_the_published_boost_clocks():
+    assert mh.sm_clock_hz("A100-SXM4-80GB") == pytest.approx(1.41e9, rel=1e-3)  # A100 whitepaper: 1410 MHz boost
+    assert mh.sm_clock_hz("H100-SXM") == pytest.approx(1.98e9, rel=1e-3)  # H100 SXM: 1980 MHz max clock
+
+
+def test_a100_shared_memory_bandwidth_matches_the_flashattention_estimate():
+    # Dao et al., arXiv:2205.14135, section 2.1: A100 SRAM "bandwidth estimated around 19TB/s".
+    assert mh.shared_memory_bandwidth_bytes_per_s("A100-SXM4-80GB") == pytest.approx(19e12, rel=0.05)
+
+
+def test_a100_l2_bandwidth_is_5120_bytes_per_clock():
+    l2 = mh.level("A100-SXM4-80GB", "L2 cache")
+    assert l2.bandwidth_bytes_per_s == pytest.approx(5120 * 1.41e9, rel=1e-3)
+    assert l2.bandwidth_kind == "derived"
+
+
+@pytest.mark.parametrize("gpu", mh.GPUS)
+def test_each_level_is_bigger_and_slower_than_the_one_before(gpu):
+    levels = mh.hierarchy(gpu)
+    for faster, slower in zip(levels, levels[1:]):
+        assert slower.bandwidth_bytes_per_s < faster.bandwidth_bytes_per_s, (faster.name, slower.name)
+    # Registers and L1 are about the same size; from L1 on, every level is larger.
+    for smaller, larger in zip(levels[1:], levels[2:]):
+        assert larger.size_bytes > smaller.size_bytes, (smaller.name, larger.name)
+    latencies = [lv.latency_cycles for lv in levels if lv.latency_cycles is not None]
+    assert latencies == sorted(latencies) and len(latencies) == 3
+
+
+@pytest.mark.parametrize("gpu", mh.GPUS)
+def test_every_figure_has_a_source_and_a_kind(gpu):
+    for figure in mh.PUBLISHED[gpu].values():
+        assert figure.source and figure.kind in mh.KINDS and figure.value > 0
+    for lv in mh.hierarchy(gpu):
+        assert lv.size_source and lv.bandwidth_source
+        assert lv.size_kind in mh.KINDS and lv.bandwidth_kind in mh.KINDS
+        assert (lv.latency_cycles is None) == (lv.latency_source is None) == (lv.latency_kind is None)
+
+
+def test_figures_held_by_utils_hardware_are_not_copied():
+    for gpu in mh.GPUS:
+        assert mh.level(gpu, "HBM").bandwidth_bytes_per_s == hardware.spec(gpu).hbm_bandwidth
+        assert mh.level(gpu, "L2 cache").size_bytes == hardware.spec(gpu).l2_bytes
+
+
+def test_latency_in_seconds():
+    hbm = mh.level("H100-SXM", "HBM")
+    assert hbm.latency_seconds(1e9) == pytest.approx(478.8e-9)
+    assert mh.level("H100-SXM", "registers").latency_seconds(1e9) is None
+    with pytest.raises(ValueError):
+        hbm.latency_seconds(0)
+
+
+def test_unknown_names_raise_and_list_the_allowed_ones():
+    with pytest.raises(ValueError, match="H100-SXM"):
+        mh.hierarchy("V100-SXM2")
+    with pytest.raises(ValueError, match="HBM"):
+        mh.level("H100-SXM", "L3 cache")
+
+
+# --- coalescing ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stride, element_bytes, sectors", [
+    (1, 4, 4),     # fp32, consecutive: 128 bytes = 4 sectors
+    (2, 4, 8),
+    (32, 4, 32),   # every thread in its own sector
+    (1, 2, 2),     # fp16: 64 bytes
+    (1, 8, 8),     # fp64: 256 bytes
+    (1, 16, 16),   # float4: 512 bytes
+    (1, 1, 1),     # int8: 32 bytes
+])
+def test_sector_counts(stride, element_bytes, sectors):
+    assert mh.sectors_per_warp_request(stride, element_bytes) == sectors
+
+
+def test_best_practices_guide_examples():
+    # CUDA C++ Best Practices Guide: a sequential fp32 access shifted by one word needs five 32-byte segments,
+    # and a stride of 2 gives 50% load efficiency.
+    assert mh.sectors_per_warp_request(1, 4, offset_bytes=4) == 5
+    assert mh.coalescing_efficiency(2, 4) == 0.5
+    assert mh.coalescing_efficiency(1, 4) == 1.0
+    assert mh.coalescing_efficiency(32, 4) == 4 / 32
+
+
+def test_cpu_cache_lines():
+    # With 64-byte lines, a unit-stride fp32 warp of 32 loads touches 2 lines, stride 16 touches 32.
+    assert mh.sectors_per_warp_request(1, 4, sector_bytes=64) == 2
+    assert mh.sectors_per_warp_request(16, 4, sector_bytes=64) == 32
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(stride_elements=0, element_bytes=4),
+    dict(stride_elements=1, element_bytes=3),
+    dict(stride_elements=1, element_bytes=4, offset_bytes=2),
+    dict(stride_elements=1, element_bytes=4, n_threads=33),
+    dict(stride_elements=1, element_bytes=4, sector_bytes=48),
+    dict(stride_elements=1.5, element_bytes=4),
+])
+def test_bad_access_patterns_raise(kwargs):
+    with pytest.raises(ValueError):
+        mh.sectors_per_warp_request(**kwargs)
+
+
+@given(stride=st.integers(1, 100), element_bytes=st.sampled_from(mh.ELEMENT_BYTES),
+       offset_elements=st.integers(0, 64), n_threads=st.integers(1, 32))
+def test_sector_count_bounds(stride, element_bytes, offset_elements, n_threads):
+    sectors = mh.sectors_per_warp_request(stride, element_bytes, offset_elements * element_bytes, n_threads)
+    requested = n_threads * element_bytes
+    assert sectors >= math.ceil(requested / mh.SECTOR_BYTES)  # cannot move fewer bytes than asked for
+    assert sectors <= n_threads * (math.ceil(element_bytes / mh.SECTOR_BYTES) + 1)  # at most one straddle each
+    assert 0 < mh.coalescing_efficiency(stride, element_bytes, offset_elements * element_bytes, n_threads) <= 1
+
+
+@given(stride=st.integers(1, 64), element_bytes=st.sampled_from(mh.ELEMENT_BYTES))
+def test_a_larger_stride_never_needs_fewer_sectors(stride, element_bytes):
+    assert mh.sectors_per_warp_request(stride + 1, element_bytes) >= mh.sectors_per_warp_request(stride, element_bytes)

@@ -1,0 +1,317 @@
+"""The memory levels of a GPU (size, bandwidth, latency) and how a warp's loads become memory sectors.
+
+Two ideas live here.
+
+**The hierarchy.** :func:`hierarchy` lists, fastest first, the places an SM can
+read data from: registers, the L1 data cache / shared memory (one SRAM per
+SM), the L2 cache, HBM, the other GPUs' memory over NVLink, and the host's
+memory over PCIe. Every figure says where it comes from and of which kind it
+is (``"vendor"``, ``"derived"`` from vendor figures by a stated formula, or
+``"measured"`` by a named microbenchmark study). Figures that
+:mod:`utils.hardware` already holds (HBM size and bandwidth, L2 size, SM count,
+registers per SM, NVLink bandwidth, FP32 peak) are read from there; the others
+are in :data:`PUBLISHED`, one entry per number with its source.
+
+Latencies were measured by pointer chasing (each load's address is the value
+the previous load returned, so loads cannot overlap), the method of Jia et al.,
+"Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking",
+arXiv:1804.06826. The Hopper and Ampere figures are from Luo et al.,
+"Benchmarking and Dissecting the Nvidia Hopper GPU Architecture",
+arXiv:2402.13499 (IPDPS 2024), who measured an H800 PCIe (the GH100 chip of
+the H100, in a PCIe card) and an A100 PCIe. NVIDIA publishes no latencies.
+
+**Coalescing.** A warp's 32 loads are served in 32-byte *sectors* (four per
+128-byte cache line). :func:`sectors_per_warp_request` counts the sectors a
+strided access touches and :func:`coalescing_efficiency` the fraction of the
+moved bytes the warp asked for (CUDA C++ Best Practices Guide, "Coalesced
+Access to Global Memory": on compute capability 6.0 and later "the concurrent
+accesses of the threads of a warp will coalesce into a number of transactions
+equal to the number of 32-byte transactions necessary to service all of the
+threads of the warp").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
+from utils import hardware
+
+KB = 1024
+
+KINDS = ("vendor", "derived", "measured")
+"""How a figure was obtained: published by the vendor, computed from vendor figures, or measured by a study."""
+
+LEVEL_NAMES = ("registers", "L1 / shared memory", "L2 cache", "HBM", "peer GPUs (NVLink)", "host memory (PCIe)")
+"""The levels of :func:`hierarchy`, fastest first."""
+
+SECTOR_BYTES = 32
+"""Granularity of a global-memory transaction on compute capability 6.0+ (CUDA C++ Best Practices Guide)."""
+LINE_BYTES = 128
+"""L1/L2 cache line: four 32-byte sectors (CUDA C++ Programming Guide, compute capability 7.x+ global memory)."""
+WARP_SIZE = 32
+ELEMENT_BYTES = (1, 2, 4, 8, 16)
+"""Sizes of one thread's load that CUDA supports natively (char up to float4 / 16-byte vector loads)."""
+
+SHARED_MEMORY_BANKS = 32
+SHARED_MEMORY_BANK_BYTES_PER_CLOCK = 4
+_BANKS_SOURCE = ("CUDA C++ Programming Guide, Shared Memory (compute capability 5.x and later): 32 banks, "
+                 "each with a bandwidth of 32 bits per clock cycle")
+
+_LUO = ("Luo et al., 'Benchmarking and Dissecting the Nvidia Hopper GPU Architecture', arXiv:2402.13499, "
+        "Table IV (pointer chasing)")
+_H100_WP = "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022)"
+_A100_WP = "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020)"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One published number: its value, its unit, where it comes from, and whether it was published or measured."""
+
+    value: float
+    unit: str
+    kind: str
+    source: str
+
+
+PUBLISHED: Mapping[str, Mapping[str, Figure]] = MappingProxyType({
+    "H100-SXM": MappingProxyType({
+        "l1_smem_per_sm_bytes": Figure(256 * KB, "bytes", "vendor",
+                                       f"{_H100_WP}: 256 KB of combined shared memory and L1 data cache per SM"),
+        "fp32_lanes_per_sm": Figure(128, "lanes", "vendor", f"{_H100_WP}, Table 3: 128 FP32 cores per SM"),
+        "l2_bytes_per_clock": Figure(
+            4472.3, "bytes/clock", "measured",
+            "Luo et al., arXiv:2402.13499, Table V: L2 load throughput measured on an H800 PCIe (GH100), "
+            "FP32 loads; NVIDIA publishes no L2 bandwidth for H100"),
+        "smem_latency_cycles": Figure(29.0, "cycles", "measured", f"{_LUO}, H800 PCIe, shared memory"),
+        "l2_latency_cycles": Figure(263.0, "cycles", "measured", f"{_LUO}, H800 PCIe, L2 hit"),
+        "hbm_latency_cycles": Figure(478.8, "cycles", "measured", f"{_LUO}, H800 PCIe, global memory (L2 miss)"),
+        "pcie_bidirectional_bytes_per_s": Figure(
+            128e9, "bytes/s", "vendor",
+            "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column): 'PCIe Gen5: 128 GB/s' "
+            "(64 GB/s each way; PCI-SIG PCI Express Base Specification 5.0, 32 GT/s x16)"),
+        "host_memory_bytes": Figure(2e12, "bytes", "vendor", "NVIDIA DGX H100 datasheet: 2 TB system memory"),
+        "gpus_per_node": Figure(8, "GPUs", "vendor", "NVIDIA DGX H100 / HGX H100 8-GPU: eight H100 SXM per node"),
+    }),
+    "A100-SXM4-80GB": MappingProxyType({
+        "l1_smem_per_sm_bytes": Figure(192 * KB, "bytes", "vendor",
+                                       f"{_A100_WP}: 192 KB of combined shared memory and L1 data cache per SM"),
+        "fp32_lanes_per_sm": Figure(64, "lanes", "vendor", f"{_A100_WP}, Table 4: 64 FP32 cores per SM"),
+        "l2_bytes_per_clock": Figure(5120, "bytes/clock", "vendor",
+                                     f"{_A100_WP}: 'The A100 L2 read bandwidth is 5120 Bytes/clk'"),
+        "smem_latency_cycles": Figure(29.0, "cycles", "measured", f"{_LUO}, A100 PCIe, shared memory"),
+        "l2_latency_cycles": Figure(261.5, "cycles", "measured", f"{_LUO}, A100 PCIe, L2 hit"),
+        "hbm_latency_cycles": Figure(466.3, "cycles", "measured", f"{_LUO}, A100 PCIe, global memory (L2 miss)"),
+        "pcie_bidirectional_bytes_per_s": Figure(
+            64e9, "bytes/s", "vendor",
+            "NVIDIA A100 Tensor Core GPU datasheet (80GB SXM column): 'PCIe Gen4: 64 GB/s' (32 GB/s each way)"),
+        "host_memory_bytes": Figure(2e12, "bytes", "vendor",
+                                    "NVIDIA DGX A100 datasheet (640 GB system): 2 TB system memory"),
+        "gpus_per_node": Figure(8, "GPUs", "vendor", "NVIDIA DGX A100 / HGX A100 8-GPU: eight A100 SXM per node"),
+    }),
+})
+"""Numbers :mod:`utils.hardware` does not hold, per GPU, each with its source."""
+
+GPUS = tuple(PUBLISHED)
+"""GPUs whose hierarchy is sourced here."""
+
+
+@dataclass(frozen=True)
+class MemoryLevel:
+    """One level of the hierarchy, as seen by the whole GPU.
+
+    ``size_bytes`` is the total over the GPU (e.g. registers of all SMs);
+    ``bandwidth_bytes_per_s`` the aggregate rate at which all SMs can read the
+    level (for PCIe and NVLink: one direction); ``latency_cycles`` the
+    pointer-chasing latency of one load in SM clock cycles, or None where no
+    measurement is cited. ``*_kind`` is one of :data:`KINDS`. ``per`` says
+    whether the level belongs to one ``"GPU"`` or to the whole ``"node"``
+    (host memory, the peer GPUs).
+    """
+
+    name: str
+    size_bytes: float
+    bandwidth_bytes_per_s: float
+    latency_cycles: float | None
+    size_source: str
+    bandwidth_source: str
+    latency_source: str | None
+    size_kind: str
+    bandwidth_kind: str
+    latency_kind: str | None
+    per: str = "GPU"
+
+    def latency_seconds(self, clock_hz: float) -> float | None:
+        """``latency_cycles / clock_hz`` (None where no latency is cited)."""
+        if clock_hz <= 0:
+            raise ValueError(f"clock_hz must be > 0, got {clock_hz}")
+        return None if self.latency_cycles is None else self.latency_cycles / clock_hz
+
+
+def _published(gpu: str) -> Mapping[str, Figure]:
+    if gpu not in PUBLISHED:
+        raise ValueError(f"no memory-hierarchy figures for {gpu!r}; sourced GPUs: {', '.join(GPUS)}")
+    return PUBLISHED[gpu]
+
+
+def sm_clock_hz(gpu: str) -> float:
+    """The SM clock at which the vendor's FP32 peak is quoted: ``fp32_flops / (2 * SMs * FP32 lanes per SM)``.
+
+    (One fused multiply-add, 2 FLOPs, per lane per clock.) H100 SXM:
+    66.9e12 / (2 * 132 * 128) = 1.98 GHz; A100: 19.5e12 / (2 * 108 * 64) = 1.41 GHz,
+    the boost clock in the A100 whitepaper, Table 4.
+    """
+    figures = _published(gpu)
+    g = hardware.spec(gpu)
+    return g.flops("fp32") / (2 * g.sm_count * figures["fp32_lanes_per_sm"].value)
+
+
+def register_bandwidth_bytes_per_s(gpu: str) -> float:
+    """Operand bytes the FP32 units read from registers at peak: ``6 * fp32_flops``.
+
+    Each FMA (2 FLOPs) reads three 4-byte operands, 12 bytes, so 6 bytes per
+    FLOP. An upper bound on what the register file delivers to the FP32 units,
+    derived from the vendor's FP32 peak.
+    """
+    return 6.0 * hardware.spec(gpu).flops("fp32")
+
+
+def shared_memory_bandwidth_bytes_per_s(gpu: str) -> float:
+    """Aggregate shared-memory bandwidth: ``32 banks * 4 bytes * SMs * clock``.
+
+    32 banks of 4 bytes per clock per SM (CUDA C++ Programming Guide), times
+    the SMs, times :func:`sm_clock_hz`. A100: 19.5 TB/s, which matches the
+    "estimated around 19 TB/s" of the FlashAttention paper (Dao et al.,
+    arXiv:2205.14135, section 2.1).
+    """
+    g = hardware.spec(gpu)
+    return SHARED_MEMORY_BANKS * SHARED_MEMORY_BANK_BYTES_PER_CLOCK * g.sm_count * sm_clock_hz(gpu)
+
+
+def _hardware_source(g: hardware.GpuSpec, keyword: str) -> str:
+    """The first of ``g.sources`` that mentions ``keyword`` (all of them if none does)."""
+    return next((src for src in g.sources if keyword in src), "; ".join(g.sources))
+
+
+def hierarchy(gpu: str = "H100-SXM") -> tuple[MemoryLevel, ...]:
+    """The levels of ``gpu``'s memory, fastest first (names in :data:`LEVEL_NAMES`).
+
+    Sizes are totals over the GPU: registers ``= registers_per_sm * 4 bytes * SMs``,
+    L1/shared ``= combined SRAM per SM * SMs``, host memory that of one DGX
+    node, peer GPUs ``= (GPUs per node - 1) * HBM``. Bandwidths: registers and
+    shared memory derived (see :func:`register_bandwidth_bytes_per_s`,
+    :func:`shared_memory_bandwidth_bytes_per_s`), L2 ``= bytes per clock *``
+    :func:`sm_clock_hz`, HBM from the datasheet, PCIe and NVLink one direction
+    (half the datasheet's bidirectional figure).
+    """
+    p = _published(gpu)
+    g = hardware.spec(gpu)
+    sm = g.sm_count
+    clock = sm_clock_hz(gpu)
+    datasheet = _hardware_source(g, "datasheet")
+    sms = f"{sm} SMs ({_hardware_source(g, 'SMs')})"
+    clock_note = f"at the {clock / 1e9:.2f} GHz clock of the FP32 peak (sm_clock_hz)"
+    l2_bw = p["l2_bytes_per_clock"]
+    levels = [
+        MemoryLevel(
+            "registers", g.registers_per_sm * 4 * sm, register_bandwidth_bytes_per_s(gpu), None,
+            f"{g.registers_per_sm} 32-bit registers per SM ({hardware.CUDA_GUIDE}) x {sms}",
+            "6 bytes per FP32 FLOP at the FP32 peak: three 4-byte operands per 2-FLOP FMA", None,
+            "vendor", "derived", None),
+        MemoryLevel(
+            "L1 / shared memory", p["l1_smem_per_sm_bytes"].value * sm, shared_memory_bandwidth_bytes_per_s(gpu),
+            p["smem_latency_cycles"].value,
+            f"{p['l1_smem_per_sm_bytes'].source}; x {sm} SMs",
+            f"{_BANKS_SOURCE}; x {sm} SMs {clock_note}",
+            p["smem_latency_cycles"].source, "vendor", "derived", "measured"),
+        MemoryLevel(
+            "L2 cache", g.l2_bytes, l2_bw.value * clock, p["l2_latency_cycles"].value,
+            _hardware_source(g, "L2"), f"{l2_bw.source}; {l2_bw.value:g} bytes/clock {clock_note}",
+            p["l2_latency_cycles"].source, "vendor", "derived" if l2_bw.kind == "vendor" else "measured",
+            "measured"),
+        MemoryLevel(
+            "HBM", g.hbm_bytes, g.hbm_bandwidth, p["hbm_latency_cycles"].value, datasheet, datasheet,
+            p["hbm_latency_cycles"].source, "vendor", "vendor", "measured"),
+        MemoryLevel(
+            "peer GPUs (NVLink)", (p["gpus_per_node"].value - 1) * g.hbm_bytes, g.nvlink_bandwidth / 2, None,
+            f"{p['gpus_per_node'].source}: the HBM of the other {p['gpus_per_node'].value - 1:g}",
+            f"{datasheet} (NVLink bandwidth, both directions added); one direction is half",
+            None, "derived", "vendor", None, per="node"),
+        MemoryLevel(
+            "host memory (PCIe)", p["host_memory_bytes"].value, p["pcie_bidirectional_bytes_per_s"].value / 2, None,
+            p["host_memory_bytes"].source, p["pcie_bidirectional_bytes_per_s"].source,
+            None, "vendor", "vendor", None, per="node"),
+    ]
+    return tuple(levels)
+
+
+def level(gpu: str, name: str) -> MemoryLevel:
+    """The level called ``name`` (one of :data:`LEVEL_NAMES`) of ``gpu``."""
+    if name not in LEVEL_NAMES:
+        raise ValueError(f"unknown level {name!r}; levels: {', '.join(LEVEL_NAMES)}")
+    return next(lv for lv in hierarchy(gpu) if lv.name == name)
+
+
+# --- Coalescing: how a warp's addresses map to 32-byte sectors ---------------------------------------------
+
+
+def _check_access(stride_elements: int, element_bytes: int, offset_bytes: int, n_threads: int,
+                  sector_bytes: int) -> None:
+    for value, what in ((stride_elements, "stride_elements"), (element_bytes, "element_bytes"),
+                        (offset_bytes, "offset_bytes"), (n_threads, "n_threads"), (sector_bytes, "sector_bytes")):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{what} must be an int, got {value!r}")
+    if stride_elements < 1:
+        raise ValueError(f"stride_elements must be >= 1 (1 = consecutive elements), got {stride_elements}")
+    if element_bytes not in ELEMENT_BYTES:
+        raise ValueError(f"element_bytes must be one of {ELEMENT_BYTES}, got {element_bytes}")
+    if offset_bytes < 0 or offset_bytes % element_bytes:
+        raise ValueError(f"offset_bytes must be >= 0 and a multiple of element_bytes={element_bytes} "
+                         f"(loads are naturally aligned), got {offset_bytes}")
+    if not 1 <= n_threads <= WARP_SIZE:
+        raise ValueError(f"n_threads must be in 1..{WARP_SIZE}, got {n_threads}")
+    if sector_bytes < 1 or sector_bytes & (sector_bytes - 1):
+        raise ValueError(f"sector_bytes must be a positive power of two, got {sector_bytes}")
+
+
+def warp_sectors(stride_elements: int, element_bytes: int, offset_bytes: int = 0, n_threads: int = WARP_SIZE,
+                 sector_bytes: int = SECTOR_BYTES) -> tuple[int, ...]:
+    """Sorted indices of the ``sector_bytes`` sectors a warp's strided load touches.
+
+    Thread ``i`` loads bytes ``[a_i, a_i + element_bytes)`` with
+    ``a_i = offset_bytes + i * stride_elements * element_bytes``; the sectors
+    are ``a // sector_bytes`` over every byte loaded.
+    """
+    _check_access(stride_elements, element_bytes, offset_bytes, n_threads, sector_bytes)
+    sectors = set()
+    for i in range(n_threads):
+        first = offset_bytes + i * stride_elements * element_bytes
+        last = first + element_bytes - 1
+        sectors.update(range(first // sector_bytes, last // sector_bytes + 1))
+    return tuple(sorted(sectors))
+
+
+def sectors_per_warp_request(stride_elements: int, element_bytes: int, offset_bytes: int = 0,
+                             n_threads: int = WARP_SIZE, sector_bytes: int = SECTOR_BYTES) -> int:
+    """Number of 32-byte sectors (transactions) one warp's strided load needs.
+
+    Unit stride, 4-byte elements, aligned: 32 * 4 / 32 = 4 sectors. Stride 32
+    (or more): one sector per thread, 32 sectors. Shifting a unit-stride fp32
+    load by 4 bytes: 5 sectors (CUDA C++ Best Practices Guide, "A Sequential
+    but Misaligned Access Pattern"). Pass ``sector_bytes=64`` to model a CPU's
+    64-byte cache lines.
+    """
+    return len(warp_sectors(stride_elements, element_bytes, offset_bytes, n_threads, sector_bytes))
+
+
+def coalescing_efficiency(stride_elements: int, element_bytes: int, offset_bytes: int = 0,
+                          n_threads: int = WARP_SIZE, sector_bytes: int = SECTOR_BYTES) -> float:
+    """Bytes the warp asked for / bytes moved: ``n_threads * element_bytes / (sectors * sector_bytes)``.
+
+    1.0 for aligned unit stride; 0.5 for stride 2 (CUDA C++ Best Practices
+    Guide, "Strided Accesses": "a stride of 2 results in a 50% of load/store
+    efficiency"); ``element_bytes / 32`` once every thread needs its own sector.
+    """
+    sectors = sectors_per_warp_request(stride_elements, element_bytes, offset_bytes, n_threads, sector_bytes)
+    return n_threads * element_bytes / (sectors * sector_bytes)
