@@ -1,15 +1,97 @@
-"""How many bytes a model's training state takes on each GPU.
+"""How many bytes a model's training state takes on each GPU, and what sharding it costs in traffic.
 
 Mixed-precision training with Adam keeps, per parameter, an fp16 weight
 (2 bytes), an fp16 gradient (2 bytes) and ``K`` bytes of optimizer state: an
 fp32 master weight, momentum and variance, ``K = 12`` (Rajbhandari et al.,
 "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
-arXiv:1910.02054, section 3.1).
+arXiv:1910.02054, section 3.1). ZeRO's three stages shard, in turn, the
+optimizer state, the gradients and the parameters across the ``N_d``
+data-parallel GPUs (section 5); stage 0 here means plain data parallelism.
+
+Published figures these calculators reproduce are collected in
+:data:`ZERO_PAPER_FIGURES` (the tests check every one).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 ZERO_STAGES = (0, 1, 2, 3)
+
+FP16_PARAM_BYTES = 2
+"""Bytes of one fp16 (or bf16) parameter."""
+FP16_GRAD_BYTES = 2
+"""Bytes of one fp16 (or bf16) gradient."""
+ADAM_MIXED_PRECISION_OPTIMIZER_BYTES = 12
+"""K for mixed-precision Adam: fp32 master weight + fp32 momentum + fp32 variance = 4 + 4 + 4 (ZeRO, section 3.1)."""
+
+ZERO_PAPER_FIGURES = (
+    # (what, n_params, n_gpus, stage, published GB per GPU, where in arXiv:1910.02054)
+    ("7.5B model, baseline DP", 7.5e9, 64, 0, 120.0, "Figure 1"),
+    ("7.5B model, P_os", 7.5e9, 64, 1, 31.4, "Figure 1"),
+    ("7.5B model, P_os+g", 7.5e9, 64, 2, 16.6, "Figure 1"),
+    ("7.5B model, P_os+g+p", 7.5e9, 64, 3, 1.9, "Figure 1"),
+    ("1T model on 1024 GPUs, P_os+g+p", 1e12, 1024, 3, 15.6, "section 5.4, Table 1"),
+)
+"""Model-state GB per GPU (1 GB = 1e9 bytes) published in the ZeRO paper, with K = 12."""
+
+ZERO_PAPER_LARGEST_MODELS_64_GPUS = (
+    # (stage, published largest model in parameters on 64 GPUs of 32 GB each; ZeRO section 5.4)
+    (1, 7.5e9),
+    (2, 14e9),
+    (3, 128e9),
+)
+"""ZeRO section 5.4: "with N_d = 64, ZeRO can train models with up to 7.5B, 14B, and 128B parameters using
+P_os, P_os+g, and P_os+g+p", on 32 GB V100 GPUs, counting model states only."""
+
+
+class ModelStateBytes(NamedTuple):
+    """Model-state bytes on one GPU, by kind; ``total`` is their sum."""
+
+    params: float
+    grads: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+
+def _check_stage(stage: int) -> None:
+    if stage not in ZERO_STAGES or isinstance(stage, bool):
+        raise ValueError(f"stage must be one of {ZERO_STAGES} (0 = plain data parallelism), got {stage!r}")
+
+
+def _check_n_gpus(n_gpus: int) -> None:
+    if not isinstance(n_gpus, int) or isinstance(n_gpus, bool) or n_gpus < 1:
+        raise ValueError(f"n_gpus must be a positive int, got {n_gpus!r}")
+
+
+def zero_model_state_breakdown(
+    n_params: float, n_gpus: int, stage: int, optimizer_bytes_per_param: float = 12
+) -> ModelStateBytes:
+    """Parameter, gradient and optimizer-state bytes per GPU under ZeRO ``stage``.
+
+    With Psi parameters, K optimizer bytes per parameter and N_d GPUs (ZeRO
+    paper, Figure 1 and section 5): parameters ``2 Psi``, gradients ``2 Psi``,
+    optimizer ``K Psi``; stage >= 1 divides the optimizer term by N_d, stage
+    >= 2 also the gradients, stage 3 also the parameters.
+    """
+    if n_params <= 0:
+        raise ValueError(f"n_params must be > 0, got {n_params}")
+    _check_n_gpus(n_gpus)
+    _check_stage(stage)
+    if optimizer_bytes_per_param < 0:
+        raise ValueError(f"optimizer_bytes_per_param must be >= 0, got {optimizer_bytes_per_param}")
+    psi, k, nd = float(n_params), float(optimizer_bytes_per_param), n_gpus
+    params, grads, optim = FP16_PARAM_BYTES * psi, FP16_GRAD_BYTES * psi, k * psi
+    if stage >= 1:
+        optim /= nd
+    if stage >= 2:
+        grads /= nd
+    if stage >= 3:
+        params /= nd
+    return ModelStateBytes(params, grads, optim)
 
 
 def zero_model_state_bytes(n_params: float, n_gpus: int, stage: int, optimizer_bytes_per_param: float = 12) -> float:
@@ -23,20 +105,45 @@ def zero_model_state_bytes(n_params: float, n_gpus: int, stage: int, optimizer_b
     - stage 2 (+ gradients sharded): ``2 Psi + (2 + K) Psi / N_d``
     - stage 3 (+ parameters sharded): ``(2 + 2 + K) Psi / N_d``
     """
+    return zero_model_state_breakdown(n_params, n_gpus, stage, optimizer_bytes_per_param).total
+
+
+def zero_max_params(
+    memory_bytes_per_gpu: float, n_gpus: int, stage: int, optimizer_bytes_per_param: float = 12
+) -> float:
+    """The largest parameter count whose model states fit in ``memory_bytes_per_gpu`` under ZeRO ``stage``.
+
+    The inverse of :func:`zero_model_state_bytes`, which is linear in Psi:
+    ``memory / bytes_per_param``, with ``bytes_per_param`` = ``2 + 2 + K`` for
+    stage 0, ``4 + K / N_d`` for stage 1, ``2 + (2 + K) / N_d`` for stage 2 and
+    ``(4 + K) / N_d`` for stage 3. Activations and buffers are not counted (ZeRO
+    section 5.4 counts the same way).
+    """
+    if memory_bytes_per_gpu <= 0:
+        raise ValueError(f"memory_bytes_per_gpu must be > 0, got {memory_bytes_per_gpu}")
+    return memory_bytes_per_gpu / zero_model_state_bytes(1.0, n_gpus, stage, optimizer_bytes_per_param)
+
+
+def zero_communication_volume(n_params: float, stage: int, n_gpus: int | None = None) -> float:
+    """Elements (parameters' worth, not bytes) each GPU sends per training step under ZeRO ``stage``.
+
+    ZeRO paper, section 7: plain data parallelism all-reduces the gradients as
+    a reduce-scatter plus an all-gather, ``Psi`` elements each, ``2 Psi`` in all;
+    stages 1 and 2 reduce-scatter the gradients and all-gather the updated
+    parameters, the same ``2 Psi``; stage 3 all-gathers the parameters once
+    in forward and once more in backward, and reduce-scatters the gradients:
+    ``3 Psi``, 1.5x data parallelism. These are the paper's large-``N_d``
+    figures. Given ``n_gpus``, the exact ring volume is returned instead: each
+    collective moves ``(N_d - 1) / N_d`` of its data per GPU, so
+    ``2 (N_d - 1) / N_d Psi`` or ``3 (N_d - 1) / N_d Psi``, and 0 on one GPU.
+    Multiply by the bytes per element (2 for fp16) for bytes.
+    """
     if n_params <= 0:
         raise ValueError(f"n_params must be > 0, got {n_params}")
-    if not isinstance(n_gpus, int) or isinstance(n_gpus, bool) or n_gpus < 1:
-        raise ValueError(f"n_gpus must be a positive int, got {n_gpus!r}")
-    if stage not in ZERO_STAGES or isinstance(stage, bool):
-        raise ValueError(f"stage must be one of {ZERO_STAGES} (0 = plain data parallelism), got {stage!r}")
-    if optimizer_bytes_per_param < 0:
-        raise ValueError(f"optimizer_bytes_per_param must be >= 0, got {optimizer_bytes_per_param}")
-    psi, k, nd = float(n_params), float(optimizer_bytes_per_param), n_gpus
-    params, grads, optim = 2 * psi, 2 * psi, k * psi
-    if stage >= 1:
-        optim /= nd
-    if stage >= 2:
-        grads /= nd
-    if stage >= 3:
-        params /= nd
-    return params + grads + optim
+    _check_stage(stage)
+    collectives = 3 if stage == 3 else 2
+    volume = collectives * float(n_params)
+    if n_gpus is not None:
+        _check_n_gpus(n_gpus)
+        volume *= (n_gpus - 1) / n_gpus
+    return volume
