@@ -53,8 +53,9 @@ def _deadlock(rank, world_size):
 
 def test_a_hang_becomes_a_timeout_and_leaves_no_process():
     start = time.monotonic()
-    with pytest.raises(TimeoutError, match="had not returned after 2 s"):
+    with pytest.raises(TimeoutError, match="had not returned after 2 s") as info:
         launch(_deadlock, 2, timeout=2)
+    assert "in _deadlock" in str(info.value), "the error should show where each rank hung"
     assert time.monotonic() - start < 10
     assert multiprocessing.active_children() == []
 

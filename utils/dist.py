@@ -26,10 +26,13 @@ The same worker functions run under ``torchrun`` with :func:`torchrun_main`.
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import multiprocessing as mp
 import os
 import pickle
 import queue
+import signal
+import tempfile
 import time
 import traceback
 from typing import Any, Callable, Sequence
@@ -81,8 +84,12 @@ def _worker(
     port: int,
     timeout: float,
     results: Any,
+    stack_file: str,
 ) -> None:
     """Body of each worker process: set up the group, run the function, report back."""
+    # On SIGUSR1 (sent by the parent at a timeout) write this process's stack, to say where it hung.
+    stacks = open(stack_file, "w")  # noqa: SIM115  (lives as long as the process)
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=False)
     try:
         if isinstance(payload, bytes):
             fn, args = pickle.loads(payload)
@@ -132,6 +139,24 @@ def _stop(processes: Sequence[mp.process.BaseProcess]) -> None:
         if p.is_alive():
             p.kill()
             p.join()
+
+
+def _hung_stacks(processes: Sequence[mp.process.BaseProcess], stack_files: Sequence[str],
+                 ranks: Sequence[int]) -> str:
+    """Ask hung workers for their Python stacks (SIGUSR1, see _worker) and return them as text."""
+    for p in processes:
+        if p.is_alive() and p.pid is not None:
+            os.kill(p.pid, signal.SIGUSR1)
+    time.sleep(0.5)
+    parts = []
+    for rank, path in zip(ranks, stack_files):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            text = ""
+        parts.append(f"--- rank {rank} ---\n{text or '(no stack: the process did not answer)'}")
+    return "\n".join(parts)
 
 
 def _raise_root_cause(first: tuple, results: Any) -> None:
@@ -201,9 +226,11 @@ def launch(
     store = dist.TCPStore(_HOST, 0, world_size, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=timeout))
     results = ctx.Queue()
+    stack_dir = tempfile.TemporaryDirectory(prefix="launch-stacks-")
+    stack_files = [os.path.join(stack_dir.name, f"rank{rank}.txt") for rank in range(world_size)]
     processes = [
-        ctx.Process(target=_worker, args=(payload, rank, world_size, backend, store.port, timeout, results),
-                    daemon=True, name=f"launch-rank-{rank}")
+        ctx.Process(target=_worker, daemon=True, name=f"launch-rank-{rank}",
+                    args=(payload, rank, world_size, backend, store.port, timeout, results, stack_files[rank]))
         for rank in range(world_size)
     ]
     outputs: dict[int, Any] = {}
@@ -238,10 +265,12 @@ def launch(
                 raise TimeoutError(
                     f"launch: ranks {missing} of {world_size} had not returned after {timeout:g} s "
                     "(a deadlock, such as a send with no matching recv, or a collective that "
-                    "not every rank joined?); all workers were stopped"
+                    "not every rank joined?); all workers were stopped. Where they were:\n"
+                    + _hung_stacks([processes[r] for r in missing], [stack_files[r] for r in missing], missing)
                 )
     finally:
         _stop(processes)
+        stack_dir.cleanup()
         results.close()
         del store
     return [outputs[rank] for rank in range(world_size)]
