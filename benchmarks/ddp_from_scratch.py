@@ -52,6 +52,7 @@ def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespa
     parser.add_argument("--batch-size", type=int, default=256 if gpu else 64, help="global batch")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--bucket-cap-mib", type=float, default=25.0 if gpu else 1 / 16)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds before launch gives up (gloo)")
     return parser.parse_args(argv)
 
 
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace, strategies: Sequence[str], optimizer: str, lr:
         world_size = int(os.environ["WORLD_SIZE"])
         results = torchrun_main(worker, strategies, config, cap)
         return config, world_size, results if int(os.environ["RANK"]) == 0 else None
-    return config, args.world_size, launch(worker, args.world_size, strategies, config, cap, timeout=600)[0]
+    return config, args.world_size, launch(worker, args.world_size, strategies, config, cap, timeout=args.timeout)[0]
 
 
 def check_and_report(config: dp.TrainConfig, world_size: int, results: dict[str, Any]) -> dict[str, Any]:
@@ -76,7 +77,10 @@ def check_and_report(config: dp.TrainConfig, world_size: int, results: dict[str,
     n_params = sum(p.numel() for p in dp.make_mlp(config).parameters())
     print(f"{world_size} ranks, {config.n_layers} layers of width {config.d_hidden}, {n_params} parameters, "
           f"{config.optimizer}, global batch {config.batch_size}, {config.n_steps} steps")
-    print(f"device: {dp.worker_device() if not torch.cuda.is_available() else torch.cuda.get_device_name(0)}")
+    if torch.cuda.is_available():
+        print(f"device: {torch.cuda.get_device_name(0)} (torch {torch.__version__}, CUDA {torch.version.cuda})")
+    else:
+        print(f"device: CPU, gloo (torch {torch.__version__}): these timings say nothing about GPU speed")
     for strategy, result in results.items():
         torch.testing.assert_close(result["weights"], reference["weights"], **TOLERANCE)
         calls = result["n_all_reduce_calls"]

@@ -1,0 +1,416 @@
+"""Data parallelism built from its parts: gradient all-reduce, buckets, ZeRO-1, FSDP2.
+
+N ranks hold the same model, each computes gradients on its 1/N of the batch,
+and the gradients are averaged so every rank takes the same step. Because the
+loss is a mean, the average of the N shard gradients *is* the full-batch
+gradient (for equal shards), so N ranks train the same model as one process on
+the whole batch, up to floating-point reordering.
+
+The reference implementations here are what the labs of part 2 check against:
+
+- :func:`all_reduce_gradients`: one all-reduce per parameter after backward.
+- :class:`BucketedDDP`: gradients packed into buckets whose all-reduce starts
+  from a gradient hook while backward is still running, as in PyTorch DDP
+  (Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel
+  Training", VLDB 2020, arXiv:2006.15704, section 3.2).
+- :class:`ZeroOneOptimizer`: optimizer state sharded across ranks, ZeRO stage 1
+  (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
+  Parameter Models", arXiv:1910.02054, section 5.1).
+- :func:`train_data_parallel`: one training run with any of these, or with
+  PyTorch's ``DistributedDataParallel`` or FSDP2's ``fully_shard`` (Zhao et al.,
+  "PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel",
+  arXiv:2304.11277), as a worker for :func:`utils.dist.launch` or
+  :func:`utils.dist.torchrun_main`.
+
+Run on GPUs: ``torchrun --nproc-per-node=4 -m benchmarks.ddp_from_scratch`` and
+``torchrun --nproc-per-node=4 -m benchmarks.zero_and_fsdp``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+STRATEGIES = ("naive", "bucketed", "torch_ddp", "zero1", "fsdp2")
+"""The ways :func:`train_data_parallel` can synchronise N ranks."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A tiny regression run: an MLP of ``n_layers`` Linear layers, ``n_steps`` steps of ``batch_size`` samples.
+
+    ``batch_size`` is the *global* batch; each of N ranks takes ``batch_size / N`` of it.
+    ``optimizer`` is ``"sgd"`` (plain SGD) or ``"adam"``.
+    """
+
+    d_in: int = 16
+    d_hidden: int = 32
+    d_out: int = 4
+    n_layers: int = 4
+    batch_size: int = 32
+    n_steps: int = 5
+    lr: float = 0.2
+    optimizer: str = "sgd"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("d_in", "d_hidden", "d_out", "n_layers", "batch_size", "n_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if self.optimizer not in ("sgd", "adam"):
+            raise ValueError(f"optimizer must be 'sgd' or 'adam', got {self.optimizer!r}")
+
+
+def make_mlp(config: TrainConfig = TrainConfig()) -> nn.Sequential:
+    """The seeded MLP of ``config``: Linear, Tanh, ..., Linear; the same weights on every rank and every run.
+
+    The global random state is left untouched (the seed is applied inside ``torch.random.fork_rng``).
+    """
+    dims = [config.d_in] + [config.d_hidden] * (config.n_layers - 1) + [config.d_out]
+    layers: list[nn.Module] = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        for i, (fan_in, fan_out) in enumerate(zip(dims[:-1], dims[1:])):
+            layers.append(nn.Linear(fan_in, fan_out))
+            if i < config.n_layers - 1:
+                layers.append(nn.Tanh())
+    return nn.Sequential(*layers)
+
+
+def make_regression_data(config: TrainConfig = TrainConfig()) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs ``x`` of shape ``(n_steps * batch_size, d_in)`` and targets ``y = sin(x W) + 0.1 noise``, seeded.
+
+    Step ``k`` trains on rows ``[k * batch_size, (k + 1) * batch_size)``.
+    """
+    gen = torch.Generator().manual_seed(config.seed + 1)
+    n = config.n_steps * config.batch_size
+    w = torch.randn(config.d_in, config.d_out, generator=gen) / math.sqrt(config.d_in)
+    x = torch.randn(n, config.d_in, generator=gen)
+    y = torch.sin(x @ w) + 0.1 * torch.randn(n, config.d_out, generator=gen)
+    return x, y
+
+
+def batch_shard(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Rows ``[rank * B / N, (rank + 1) * B / N)`` of a batch of ``B`` rows: rank ``rank``'s equal share."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    if batch.shape[0] % world_size:
+        raise ValueError(f"a batch of {batch.shape[0]} rows does not split evenly over {world_size} ranks; "
+                         "use a batch size divisible by the world size (unequal shards would weight samples unequally)")
+    per_rank = batch.shape[0] // world_size
+    return batch[rank * per_rank:(rank + 1) * per_rank]
+
+
+def worker_device() -> torch.device:
+    """The device of this rank: its current GPU when the process group runs NCCL, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def broadcast_parameters(module: nn.Module, src: int = 0) -> None:
+    """Copy rank ``src``'s parameters and buffers to every rank, as DDP does at construction."""
+    with torch.no_grad():
+        for tensor in list(module.parameters()) + list(module.buffers()):
+            dist.broadcast(tensor, src)
+
+
+def all_reduce_gradients(module: nn.Module) -> int:
+    """Average every parameter's gradient over the ranks, one blocking all-reduce per parameter; return the call count.
+
+    ``g <- (1/N) sum_r g_r``: the full-batch gradient when each rank's loss is the
+    mean over an equal share of the batch. Parameters without a gradient are skipped.
+    """
+    world_size = dist.get_world_size()
+    calls = 0
+    for p in module.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            p.grad.div_(world_size)
+            calls += 1
+    return calls
+
+
+def plan_buckets(nbytes: list[int], bucket_cap_bytes: int) -> list[list[int]]:
+    """Group tensors (by index) into buckets of at most ``bucket_cap_bytes``, last tensor first.
+
+    Backward produces gradients roughly in reverse order of the parameters, so
+    buckets are filled from the last parameter backwards (as PyTorch DDP does,
+    arXiv:2006.15704, section 3.2.3). A tensor larger than the cap gets a bucket
+    of its own. Every index appears exactly once.
+    """
+    if not isinstance(bucket_cap_bytes, int) or bucket_cap_bytes < 1:
+        raise ValueError(f"bucket_cap_bytes must be a positive int, got {bucket_cap_bytes!r}")
+    if any(n < 0 for n in nbytes):
+        raise ValueError(f"tensor sizes must be >= 0 bytes, got {nbytes}")
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    filled = 0
+    for i in reversed(range(len(nbytes))):
+        if current and filled + nbytes[i] > bucket_cap_bytes:
+            buckets.append(current)
+            current, filled = [], 0
+        current.append(i)
+        filled += nbytes[i]
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class BucketedDDP(nn.Module):
+    """Data parallelism with gradient buckets all-reduced asynchronously from gradient hooks.
+
+    A ``register_post_accumulate_grad_hook`` on every parameter counts ready
+    gradients; when a bucket is complete (and all earlier buckets have been
+    launched, so every rank issues collectives in the same order), its gradients
+    are flattened, divided by N and all-reduced with ``async_op=True``. The
+    rest of backward overlaps that communication. Call
+    :meth:`finish_gradient_synchronization` after ``backward()`` and before
+    ``optimizer.step()``: it waits on the handles and copies the averaged
+    gradients back. ``n_all_reduce_calls`` counts the all-reduces issued so far.
+    """
+
+    def __init__(self, module: nn.Module, bucket_cap_bytes: int = 25 * 2**20) -> None:
+        super().__init__()
+        self.module = module
+        self.world_size = dist.get_world_size()
+        broadcast_parameters(module)
+        params = [p for p in module.parameters() if p.requires_grad]
+        plan = plan_buckets([p.numel() * p.element_size() for p in params], bucket_cap_bytes)
+        self.buckets = [[params[i] for i in bucket] for bucket in plan]
+        self._bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket}
+        self._ready = [0] * len(self.buckets)
+        self._next_to_launch = 0
+        self._pending: list[tuple[int, torch.Tensor, Any]] = []
+        self.n_all_reduce_calls = 0
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._on_gradient_ready)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def _on_gradient_ready(self, param: torch.Tensor) -> None:
+        b = self._bucket_of[id(param)]
+        self._ready[b] += 1
+        while (self._next_to_launch < len(self.buckets)
+               and self._ready[self._next_to_launch] == len(self.buckets[self._next_to_launch])):
+            bucket = self.buckets[self._next_to_launch]
+            flat = torch.cat([p.grad.reshape(-1) for p in bucket]).div_(self.world_size)
+            work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)
+            self._pending.append((self._next_to_launch, flat, work))
+            self.n_all_reduce_calls += 1
+            self._next_to_launch += 1
+
+    def finish_gradient_synchronization(self) -> int:
+        """Wait for every bucket's all-reduce, write the averaged gradients into ``p.grad``; return the call count.
+
+        The count is the number of all-reduces this backward pass launched (one per bucket).
+        """
+        if self._next_to_launch != len(self.buckets):
+            raise RuntimeError(f"only {self._next_to_launch} of {len(self.buckets)} buckets were all-reduced: "
+                               "some parameters received no gradient in this backward pass; BucketedDDP "
+                               "needs every parameter to take part in the loss")
+        for b, flat, work in self._pending:
+            work.wait()
+            offset = 0
+            for p in self.buckets[b]:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+                offset += p.numel()
+        calls = len(self._pending)
+        self._pending.clear()
+        self._ready = [0] * len(self.buckets)
+        self._next_to_launch = 0
+        return calls
+
+
+def shard_range(numel: int, rank: int, world_size: int) -> tuple[int, int]:
+    """The ``[start, stop)`` of a flat vector of ``numel`` elements that rank ``rank`` owns.
+
+    Shards have ``ceil(numel / N)`` elements (the vector is padded to ``N`` of
+    them, so collectives see equal sizes); the last shards may be short or empty.
+    """
+    if numel < 0 or world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need numel >= 0, world_size >= 1 and 0 <= rank < world_size, "
+                         f"got numel={numel}, rank={rank}, world_size={world_size}")
+    size = -(-numel // world_size)
+    return min(rank * size, numel), min((rank + 1) * size, numel)
+
+
+class ZeroOneOptimizer:
+    """ZeRO stage 1: each rank keeps optimizer state only for its ``1/N`` slice of the flattened parameters.
+
+    ``step()``: flatten the (local, unaveraged) gradients; reduce-scatter them so
+    rank r receives the sum over ranks of its slice, divide by N; run the inner
+    optimizer (``optimizer_cls``, Adam by default) on the slice; all-gather the
+    updated slices back into every parameter. Reduce-scatter plus all-gather
+    move the same bytes as one all-reduce (arXiv:1910.02054, section 7.2.1).
+    The slice is kept as an fp32 ``nn.Parameter`` copy: the "master weights"
+    of mixed-precision training.
+    """
+
+    def __init__(self, params: Iterable[torch.Tensor], optimizer_cls: type = torch.optim.Adam,
+                 **optimizer_kwargs: Any) -> None:
+        self.params = [p for p in params if p.requires_grad]
+        if not self.params:
+            raise ValueError("ZeroOneOptimizer got no parameters that require a gradient")
+        if len({(p.dtype, p.device) for p in self.params}) != 1:
+            raise ValueError("ZeroOneOptimizer needs all parameters in one dtype on one device, got "
+                             f"{sorted({(str(p.dtype), str(p.device)) for p in self.params})}")
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.numel = sum(p.numel() for p in self.params)
+        self.shard_numel = -(-self.numel // self.world_size)
+        start = self.rank * self.shard_numel
+        with torch.no_grad():
+            flat = self._flatten([p for p in self.params])
+            self.shard = nn.Parameter(flat[start:start + self.shard_numel].clone())
+        self.optimizer = optimizer_cls([self.shard], **optimizer_kwargs)
+
+    def _flatten(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """One flat vector of ``N * shard_numel`` elements: the tensors, then zeros as padding."""
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        return F.pad(flat, (0, self.shard_numel * self.world_size - self.numel))
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        grad_shard = torch.empty_like(self.shard)
+        dist.reduce_scatter_single(grad_shard, self._flatten(grads), op=dist.ReduceOp.SUM)
+        self.shard.grad = grad_shard.div_(self.world_size)
+        self.optimizer.step()
+        full = torch.empty(self.shard_numel * self.world_size, dtype=self.shard.dtype, device=self.shard.device)
+        dist.all_gather_single(full, self.shard.detach())
+        offset = 0
+        for p in self.params:
+            p.copy_(full[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The part of ``t`` stored on this rank (a DTensor's local shard, or ``t`` itself)."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def tensor_nbytes(tensors: Iterable[torch.Tensor | None]) -> int:
+    """Bytes this rank stores for ``tensors`` (``None`` entries skipped; DTensors count their local shard)."""
+    return sum(_local(t).numel() * _local(t).element_size() for t in tensors if t is not None)
+
+
+def optimizer_state_nbytes(optimizer: Any) -> int:
+    """Bytes of per-element optimizer state on this rank (Adam: ``exp_avg`` and ``exp_avg_sq``).
+
+    0-dimensional bookkeeping such as Adam's ``step`` counter is not counted: it
+    does not grow with the model. Accepts a :class:`ZeroOneOptimizer` too.
+    """
+    inner = optimizer.optimizer if isinstance(optimizer, ZeroOneOptimizer) else optimizer
+    return tensor_nbytes(v for state in inner.state.values() for v in state.values()
+                         if isinstance(v, torch.Tensor) and v.dim() > 0)
+
+
+def _optimizer(params: Iterable[torch.Tensor], config: TrainConfig) -> torch.optim.Optimizer:
+    cls = torch.optim.SGD if config.optimizer == "sgd" else torch.optim.Adam
+    return cls(params, lr=config.lr)
+
+
+def train_single_process(config: TrainConfig = TrainConfig()) -> dict[str, Any]:
+    """One process trains on the whole batch: the result data parallelism must reproduce.
+
+    Returns ``losses`` (one float per step) and ``weights`` (the final state dict).
+    """
+    model = make_mlp(config)
+    x, y = make_regression_data(config)
+    opt = _optimizer(model.parameters(), config)
+    losses = []
+    for step in range(config.n_steps):
+        rows = slice(step * config.batch_size, (step + 1) * config.batch_size)
+        loss = F.mse_loss(model(x[rows]), y[rows])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return {"losses": losses, "weights": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+
+
+def train_data_parallel(rank: int, world_size: int, strategy: str, config: TrainConfig = TrainConfig(),
+                        bucket_cap_bytes: int = 2048) -> dict[str, Any]:
+    """Train ``config``'s model on ``world_size`` ranks with ``strategy`` (one of :data:`STRATEGIES`).
+
+    A worker for :func:`utils.dist.launch` or :func:`utils.dist.torchrun_main`.
+    Each rank trains on its :func:`batch_shard` of every global batch. Returns
+    ``losses`` (the global-batch loss per step, averaged over ranks),
+    ``weights`` (the full final state dict), ``step_seconds`` (wall time of each
+    step on this rank, between barriers), ``n_all_reduce_calls`` (gradient
+    all-reduces per step, or None where not counted), and the bytes this rank
+    holds after the last backward: ``param_nbytes``, ``grad_nbytes``,
+    ``optimizer_state_nbytes``. ``"zero1"`` and ``"fsdp2"`` use Adam whatever
+    ``config.optimizer`` says (their point is Adam's state).
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    device = worker_device()
+    model = make_mlp(config).to(device)
+    x, y = (t.to(device) for t in make_regression_data(config))
+    calls: int | None = None
+    if strategy == "naive":
+        broadcast_parameters(model)
+        net, opt = model, _optimizer(model.parameters(), config)
+    elif strategy == "bucketed":
+        net = BucketedDDP(model, bucket_cap_bytes)
+        opt = _optimizer(model.parameters(), config)
+    elif strategy == "torch_ddp":
+        net = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_bytes / 2**20)
+        opt = _optimizer(model.parameters(), config)
+    elif strategy == "zero1":
+        broadcast_parameters(model)
+        net, opt = model, ZeroOneOptimizer(model.parameters(), torch.optim.Adam, lr=config.lr)
+    else:  # fsdp2
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(device.type, (world_size,))
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        net = fully_shard(model, mesh=mesh)
+        opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+
+    losses, step_seconds = [], []
+    for step in range(config.n_steps):
+        rows = slice(step * config.batch_size, (step + 1) * config.batch_size)
+        xs, ys = batch_shard(x[rows], rank, world_size), batch_shard(y[rows], rank, world_size)
+        dist.barrier()
+        start = time.perf_counter()
+        loss = F.mse_loss(net(xs), ys)
+        loss.backward()
+        if strategy == "naive":
+            calls = all_reduce_gradients(model)
+        elif strategy == "bucketed":
+            calls = net.finish_gradient_synchronization()
+        grad_nbytes = tensor_nbytes(p.grad for p in model.parameters())
+        opt.step()
+        opt.zero_grad()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        step_seconds.append(time.perf_counter() - start)
+        global_loss = loss.detach().clone()
+        dist.all_reduce(global_loss)
+        losses.append(global_loss.item() / world_size)
+
+    weights = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+               for k, v in model.state_dict().items()}
+    return {"losses": losses, "weights": weights, "step_seconds": step_seconds, "n_all_reduce_calls": calls,
+            "param_nbytes": tensor_nbytes(model.parameters()), "grad_nbytes": grad_nbytes,
+            "optimizer_state_nbytes": optimizer_state_nbytes(opt)}
