@@ -16,6 +16,7 @@ export OMP_NUM_THREADS ?= 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
 .PHONY: setup book test unit nbval book-check lab execute clean
+MATHJAX := _mathjax/mathjax
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,7 +26,13 @@ $(STAMP): requirements.txt pyproject.toml
 
 setup: $(STAMP)
 
-book: $(STAMP)
+# MathJax served from the book itself (sphinx mathjax_path in _config.yml), so math renders offline.
+$(MATHJAX)/tex-mml-chtml.js: $(STAMP)
+	rm -rf $(MATHJAX) && mkdir -p $(MATHJAX)
+	src=$$($(BIN)/python -c "import mathjax, pathlib; print(pathlib.Path(mathjax.__file__).parent / 'static/mathjax/es5')") && \
+		cp -r $$src/tex-mml-chtml.js $$src/output $$src/input $$src/ui $$src/a11y $$src/adaptors $(MATHJAX)/
+
+book: $(STAMP) $(MATHJAX)/tex-mml-chtml.js
 	$(BIN)/jupyter-book build . -W --keep-going
 	@echo "Open _build/html/index.html"
 
@@ -40,7 +47,7 @@ nbval: $(STAMP)
 		-p no:cacheprovider $(NOTEBOOKS)
 
 # Build from the stored outputs (just checked by nbval) with warnings as errors.
-book-check: $(STAMP)
+book-check: $(STAMP) $(MATHJAX)/tex-mml-chtml.js
 	mkdir -p _build/check
 	sed 's/execute_notebooks: cache/execute_notebooks: "off"/' _config.yml > _build/check/_config.yml
 	$(BIN)/jupyter-book build . --config _build/check/_config.yml --path-output _build/check -W --keep-going -q
@@ -53,4 +60,4 @@ execute: $(STAMP)
 		--execute --inplace --ExecutePreprocessor.timeout=600 --log-level=WARN {}
 
 clean:
-	rm -rf _build
+	rm -rf _build $(MATHJAX)
