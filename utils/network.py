@@ -101,7 +101,8 @@ def double_binary_tree_pipeline_blocks(n: int, nbytes: float, bandwidth: float, 
     """The number ``k`` of pipeline blocks per tree that minimises :func:`double_binary_tree_allreduce_time`.
 
     ``k* = sqrt(L * nbytes / (2 * latency * bandwidth))`` with ``L = ceil(log2 n)``,
-    at least 1 (Sanders, Speck and Träff 2009). Infinite when ``latency`` is 0.
+    at least 1 (the optimum of the step count in :func:`double_binary_tree_allreduce_time`,
+    which follows a secondary summary of Sanders, Speck and Träff 2009). Infinite when ``latency`` is 0.
     """
     _check_collective_args(n, nbytes, bandwidth, latency)
     depth = _log2_ceil(n)
@@ -120,10 +121,12 @@ def double_binary_tree_allreduce_time(n: int, nbytes: float, bandwidth: float, l
     broadcast, reduction and scan", Parallel Computing 35(12), 2009; used by
     NCCL since 2.4: Jeaugey, "Massively Scale Your Deep Learning Training with
     NCCL 2.4", NVIDIA Technical Blog, 2019). Each half is cut into ``k`` blocks
-    and pipelined; following Sanders et al.'s step count, a reduce takes about
-    ``2(L + k)`` steps of one ``nbytes / (2k)``-byte block, ``L = ceil(log2 n)``,
-    and the broadcast as many again. (A model: NCCL overlaps the two phases and
-    its real trees have their own constants.)
+    and pipelined; a reduce takes about ``2(L + k)`` steps of one
+    ``nbytes / (2k)``-byte block, ``L = ceil(log2 n)``, and the broadcast as many
+    again. (This step count, and the optimal ``k`` below, are as summarised in
+    Wikipedia's "Two-tree broadcast" article, which cites Sanders et al.; they
+    were not checked against the paper itself. A model: NCCL overlaps the two
+    phases and its real trees have their own constants.)
 
     ``2 * 2(L + k) * (latency + nbytes / (2 k bandwidth))``.
 
