@@ -27,6 +27,13 @@ def test_other_chips_match_their_datasheets(name, bandwidth, bf16_tflops, sms):
     assert g.sm_count == sms
 
 
+def test_b200_sizes_are_the_device_reported_ones():
+    # cudaGetDeviceProperties on a B200: multiProcessorCount 148, l2CacheSize 129,536 KiB (126.5 MiB).
+    b200 = spec("B200")
+    assert b200.sm_count == 148
+    assert b200.l2_bytes == 129536 * 1024
+
+
 def test_every_spec_has_every_required_field_and_a_source():
     for name in ("A100-SXM4-80GB", "H100-SXM", "H200", "B200"):
         g = spec(name)

@@ -1,7 +1,8 @@
 """Published figures of data-centre GPUs, the roofline, occupancy and Little's law.
 
-Every number in :data:`GPUS` is copied from the vendor document named in its
-``sources`` field. FLOP/s are *dense* (no 2:4 sparsity): NVIDIA datasheets
+Every number in :data:`GPUS` comes from the document named in its ``sources``
+field (vendor documents, except the B200's SM count and L2 size, which are
+device-reported). FLOP/s are *dense* (no 2:4 sparsity): NVIDIA datasheets
 often print the sparse figure, twice the dense one, with a footnote.
 
 Per-SM limits (registers, warps, blocks, shared memory) come from the CUDA C++
@@ -72,14 +73,16 @@ _GPU_LIST = [
         peak_flops=_flops(fp32=15.7, fp16=125.0), sm_count=80, l2_bytes=6 * MB,
         smem_per_sm_bytes=96 * KB, smem_per_block_max_bytes=96 * KB, registers_per_sm=65536,
         max_warps_per_sm=64, max_blocks_per_sm=32, nvlink_bandwidth=300e9,
-        sources=("NVIDIA Tesla V100 GPU Architecture whitepaper (2017), Table 1", CUDA_GUIDE),
+        sources=("NVIDIA Tesla V100 GPU Architecture whitepaper (2017), Table 1: 80 SMs, 15.7 FP32 and 125 Tensor "
+                 "TFLOPS, 6 MB L2",
+                 "NVIDIA Tesla V100 datasheet (SXM2 column): 32 GB HBM2 at 900 GB/s, NVLink 300 GB/s", CUDA_GUIDE),
     ),
     GpuSpec(
         name="A100-SXM4-80GB", compute_capability="8.0", hbm_bytes=80 * 10**9, hbm_bandwidth=2039e9,
         peak_flops=_flops(fp32=19.5, tf32=156.0, fp16=312.0, bf16=312.0), sm_count=108, l2_bytes=40 * MB,
         smem_per_sm_bytes=164 * KB, smem_per_block_max_bytes=163 * KB, registers_per_sm=65536,
         max_warps_per_sm=64, max_blocks_per_sm=32, nvlink_bandwidth=600e9,
-        sources=("NVIDIA A100 Tensor Core GPU datasheet (80GB SXM column)",
+        sources=("NVIDIA A100 Tensor Core GPU datasheet (80GB SXM column): 80 GB HBM2e, 2,039 GB/s, NVLink 600 GB/s",
                  "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): 108 SMs, 40 MB L2", CUDA_GUIDE),
     ),
     GpuSpec(
@@ -87,7 +90,7 @@ _GPU_LIST = [
         peak_flops=_flops(fp32=66.9, tf32=494.7, fp16=989.4, bf16=989.4, fp8=1978.9), sm_count=132,
         l2_bytes=50 * MB, smem_per_sm_bytes=228 * KB, smem_per_block_max_bytes=227 * KB,
         registers_per_sm=65536, max_warps_per_sm=64, max_blocks_per_sm=32, nvlink_bandwidth=900e9,
-        sources=("NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column): 3.35 TB/s, NVLink 900 GB/s",
+        sources=("NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column): 80 GB, 3.35 TB/s, NVLink 900 GB/s",
                  "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022), Table 3: 132 SMs, 50 MB L2, "
                  "dense Tensor TFLOPS", CUDA_GUIDE),
     ),
@@ -102,13 +105,17 @@ _GPU_LIST = [
     GpuSpec(
         name="B200", compute_capability="10.0", hbm_bytes=180 * 10**9, hbm_bandwidth=8e12,
         peak_flops=_flops(fp32=75.0, tf32=1125.0, fp16=2250.0, bf16=2250.0, fp8=4500.0), sm_count=148,
-        l2_bytes=126 * MB, smem_per_sm_bytes=228 * KB, smem_per_block_max_bytes=227 * KB,
+        l2_bytes=129536 * KB, smem_per_sm_bytes=228 * KB, smem_per_block_max_bytes=227 * KB,
         registers_per_sm=65536, max_warps_per_sm=64, max_blocks_per_sm=32, nvlink_bandwidth=1.8e12,
-        sources=("NVIDIA HGX B200 datasheet: per 8 GPUs 1.4 TB HBM3e, 64 TB/s, FP8 72 PFLOPS and "
-                 "FP16/BF16 36 PFLOPS and TF32 18 PFLOPS with sparsity, FP32 600 TFLOPS; divided by 8 "
-                 "GPUs and by 2 for dense; NVLink 5 1.8 TB/s per GPU",
+        sources=("NVIDIA HGX B200 specifications, per 8 GPUs: FP8 72 PFLOPS, FP16/BF16 36 PFLOPS and TF32 "
+                 "18 PFLOPS with sparsity, FP32 600 TFLOPS; divided by 8 GPUs and by 2 for dense; NVLink 5 "
+                 "1.8 TB/s per GPU",
+                 "NVIDIA DGX B200 product page: 1,440 GB total GPU memory, 64 TB/s HBM3e bandwidth (8 GPUs), "
+                 "i.e. 180 GB and 8 TB/s per GPU. NVIDIA's GB200 NVL72 / HGX B200 specification table "
+                 "gives 7.7 TB/s per HGX B200 GPU instead; the book uses 8 TB/s",
                  "SM count and L2 size as reported by cudaGetDeviceProperties on B200 "
-                 "(multiProcessorCount 148, l2CacheSize 126 MiB); NVIDIA's datasheets do not list them",
+                 "(multiProcessorCount 148, l2CacheSize 129,536 KiB = 126.5 MiB), as printed by public "
+                 "device-query logs; NVIDIA's datasheets do not list them",
                  CUDA_GUIDE),
     ),
 ]

@@ -15,10 +15,12 @@ are in :data:`PUBLISHED`, one entry per number with its source.
 Latencies were measured by pointer chasing (each load's address is the value
 the previous load returned, so loads cannot overlap), the method of Jia et al.,
 "Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking",
-arXiv:1804.06826. The Hopper and Ampere figures are from Luo et al.,
+arXiv:1804.06826. The Hopper and Ampere figures are attributed to Luo et al.,
 "Benchmarking and Dissecting the Nvidia Hopper GPU Architecture",
 arXiv:2402.13499 (IPDPS 2024), who measured an H800 PCIe (the GH100 chip of
-the H100, in a PCIe card) and an A100 PCIe. NVIDIA publishes no latencies.
+the H100, in a PCIe card) and an A100 PCIe. They are quoted at second hand
+(from a secondary summary of the paper) and have not been checked against the
+paper's tables: treat them as indicative. NVIDIA publishes no latencies.
 
 **Coalescing.** A warp's 32 loads are served in 32-byte *sectors* (four per
 128-byte cache line). :func:`sectors_per_warp_request` counts the sectors a
@@ -60,7 +62,7 @@ _BANKS_SOURCE = ("CUDA C++ Programming Guide, Shared Memory (compute capability 
                  "each with a bandwidth of 32 bits per clock cycle")
 
 _LUO = ("Luo et al., 'Benchmarking and Dissecting the Nvidia Hopper GPU Architecture', arXiv:2402.13499, "
-        "Table IV (pointer chasing)")
+        "pointer-chasing latency table (quoted at second hand, not checked against the paper)")
 _H100_WP = "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022)"
 _A100_WP = "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020)"
 
@@ -82,8 +84,8 @@ PUBLISHED: Mapping[str, Mapping[str, Figure]] = MappingProxyType({
         "fp32_lanes_per_sm": Figure(128, "lanes", "vendor", f"{_H100_WP}, Table 3: 128 FP32 cores per SM"),
         "l2_bytes_per_clock": Figure(
             4472.3, "bytes/clock", "measured",
-            "Luo et al., arXiv:2402.13499, Table V: L2 load throughput measured on an H800 PCIe (GH100), "
-            "FP32 loads; NVIDIA publishes no L2 bandwidth for H100"),
+            "Luo et al., arXiv:2402.13499, L2 throughput table: FP32 loads on an H800 PCIe (GH100); quoted at "
+            "second hand, not checked against the paper. NVIDIA publishes no L2 bandwidth for H100"),
         "smem_latency_cycles": Figure(29.0, "cycles", "measured", f"{_LUO}, H800 PCIe, shared memory"),
         "l2_latency_cycles": Figure(263.0, "cycles", "measured", f"{_LUO}, H800 PCIe, L2 hit"),
         "hbm_latency_cycles": Figure(478.8, "cycles", "measured", f"{_LUO}, H800 PCIe, global memory (L2 miss)"),

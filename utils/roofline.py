@@ -145,7 +145,8 @@ def attention_cost(seq_len: int, head_dim: int, dtype_bytes: float, fused: bool,
       ``(4 S d + 4 S^2) b``.
     - ``fused=True``: the scores stay in on-chip SRAM; Q is read and O written
       once. K and V are read once per block of ``block_rows`` query rows
-      (FlashAttention's outer loop), ``ceil(S / block_rows)`` times; with
+      (the outer loop of FlashAttention-2, Dao, arXiv:2307.08691, Algorithm 1),
+      ``ceil(S / block_rows)`` times; with
       ``block_rows=None`` they are read once, the ideal ``4 S d b``.
     """
     _check_positive_ints(seq_len=seq_len, head_dim=head_dim)

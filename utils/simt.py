@@ -146,7 +146,8 @@ class MeasuredLatency(NamedTuple):
 
 
 _GPU_BENCHES = ("gpu-benches (github.com/te42kyfo/gpu-benches, also RRZE-HPC/gpu-benches): a single small thread "
-                "block follows one chain of pointers through a random cycle over a buffer far larger than L2")
+                "block (64 threads in gpu-latency, one warp in the README's cuda-latency) follows one chain of "
+                "pointers through a random cycle over a buffer far larger than L2")
 POINTER_CHASE_DRAM_LATENCY: Mapping[str, MeasuredLatency] = MappingProxyType({
     "V100-PCIe": MeasuredLatency(436.0, 1380e6, _GPU_BENCHES + "; README, cuda-latency, 524288 kB buffer"),
     "H100-PCIe": MeasuredLatency(658.4, 1755e6, _GPU_BENCHES + "; gpu-latency/h100_pcie.txt, 1529075 kB buffer"),
