@@ -229,15 +229,10 @@ def blocks_loaded(num_pid_m: int, num_pid_n: int, num_pid_k: int, group_size_m: 
     grouped order with groups of 3 rows.
     """
     _check_positive_int("num_pid_k", num_pid_k)
-    _check_non_negative_int("n_programs", n_programs)
     _check_positive_int("num_pid_m", num_pid_m)
     _check_positive_int("num_pid_n", num_pid_n)
-    if n_programs > num_pid_m * num_pid_n:
-        raise ValueError(f"n_programs must be at most the {num_pid_m * num_pid_n} tiles of the grid, got {n_programs}")
-    tiles = [tile_order(pid, num_pid_m, num_pid_n, group_size_m) for pid in range(n_programs)]
-    rows = {i for i, _ in tiles}
-    cols = {j for _, j in tiles}
-    return (len(rows) + len(cols)) * num_pid_k
+    rows, cols = _distinct_panels(n_programs, num_pid_m, num_pid_n, group_size_m)
+    return (rows + cols) * num_pid_k
 
 
 def working_set_bytes(m: int, n: int, k: int, block_m: int, block_n: int, group_size_m: int, n_programs: int,
@@ -259,10 +254,14 @@ def working_set_bytes(m: int, n: int, k: int, block_m: int, block_n: int, group_
         _check_positive_int(name, value)
     _check_element_size(element_size)
     num_pid_m, num_pid_n = triton.cdiv(m, block_m), triton.cdiv(n, block_n)
+    rows, cols = _distinct_panels(n_programs, num_pid_m, num_pid_n, group_size_m)
+    return (rows * block_m + cols * block_n) * k * element_size
+
+
+def _distinct_panels(n_programs: int, num_pid_m: int, num_pid_n: int, group_size_m: int) -> tuple[int, int]:
+    """How many distinct row panels of A and column panels of B the first ``n_programs`` programs read."""
     _check_non_negative_int("n_programs", n_programs)
     if n_programs > num_pid_m * num_pid_n:
         raise ValueError(f"n_programs must be at most the {num_pid_m * num_pid_n} tiles of the grid, got {n_programs}")
     tiles = [tile_order(pid, num_pid_m, num_pid_n, group_size_m) for pid in range(n_programs)]
-    rows = {i for i, _ in tiles}
-    cols = {j for _, j in tiles}
-    return (len(rows) * block_m + len(cols) * block_n) * k * element_size
+    return len({i for i, _ in tiles}), len({j for _, j in tiles})
