@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from utils.dist import launch, ring_all_reduce, torchrun_main
+from utils.network import algorithm_bandwidth, allreduce_bus_bandwidth
 
 
 def _median_seconds(fn, x: torch.Tensor, repeats: int) -> float:
@@ -51,9 +52,9 @@ def bench_worker(rank: int, world_size: int, sizes_bytes: list[int], repeats: in
         x = torch.ones(nbytes // 4, device=device)
         ring = _median_seconds(ring_all_reduce, x, repeats)
         library = _median_seconds(dist.all_reduce, x, repeats)
-        factor = 2 * (world_size - 1) / world_size
         rows.append(dict(nbytes=nbytes, ring_s=ring, library_s=library,
-                         ring_busbw=nbytes / ring * factor, library_busbw=nbytes / library * factor))
+                         ring_busbw=allreduce_bus_bandwidth(algorithm_bandwidth(nbytes, ring), world_size),
+                         library_busbw=allreduce_bus_bandwidth(algorithm_bandwidth(nbytes, library), world_size)))
     if rank == 0:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
         print(f"{world_size} ranks, backend {dist.get_backend()}, {name}, torch {torch.__version__}")
