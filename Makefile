@@ -55,8 +55,10 @@ book-check: $(STAMP) $(MATHJAX)/tex-mml-chtml.js
 lab: $(STAMP)
 	$(BIN)/jupyter lab
 
+# One notebook at a time: two concurrent nbconvert runs here twice left one client waiting
+# forever on an idle kernel (a lost message; not reproduced alone, nor under nbval).
 execute: $(STAMP)
-	printf '%s\n' $(NOTEBOOKS) | xargs -P $(JOBS) -I{} $(BIN)/jupyter nbconvert --to notebook \
+	printf '%s\n' $(NOTEBOOKS) | xargs -P 1 -I{} $(BIN)/jupyter nbconvert --to notebook \
 		--execute --inplace --ExecutePreprocessor.timeout=600 --log-level=WARN {}
 
 clean:
