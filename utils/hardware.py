@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping
 
@@ -85,7 +85,7 @@ _GPU_LIST = [
         sources=("NVIDIA A100 Tensor Core GPU datasheet (80GB SXM column): 80 GB HBM2e, 2,039 GB/s, NVLink 600 GB/s",
                  "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): 108 SMs, 40 MB L2", CUDA_GUIDE),
     ),
-    GpuSpec(
+    _H100_SXM := GpuSpec(
         name="H100-SXM", compute_capability="9.0", hbm_bytes=80 * 10**9, hbm_bandwidth=3.35e12,
         peak_flops=_flops(fp32=66.9, tf32=494.7, fp16=989.4, bf16=989.4, fp8=1978.9), sm_count=132,
         l2_bytes=50 * MB, smem_per_sm_bytes=228 * KB, smem_per_block_max_bytes=227 * KB,
@@ -94,11 +94,9 @@ _GPU_LIST = [
                  "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022), Table 3: 132 SMs, 50 MB L2, "
                  "dense Tensor TFLOPS", CUDA_GUIDE),
     ),
-    GpuSpec(
-        name="H200", compute_capability="9.0", hbm_bytes=141 * 10**9, hbm_bandwidth=4.8e12,
-        peak_flops=_flops(fp32=66.9, tf32=494.7, fp16=989.4, bf16=989.4, fp8=1978.9), sm_count=132,
-        l2_bytes=50 * MB, smem_per_sm_bytes=228 * KB, smem_per_block_max_bytes=227 * KB,
-        registers_per_sm=65536, max_warps_per_sm=64, max_blocks_per_sm=32, nvlink_bandwidth=900e9,
+    # The H200 is the H100's chip with more and faster HBM (HBM3e): only memory and sources differ.
+    replace(
+        _H100_SXM, name="H200", hbm_bytes=141 * 10**9, hbm_bandwidth=4.8e12,
         sources=("NVIDIA H200 Tensor Core GPU datasheet (H200 SXM column): 141 GB HBM3e, 4.8 TB/s, "
                  "the same Tensor Core peaks as H100 SXM (sparse figures halved)", CUDA_GUIDE),
     ),
