@@ -8,8 +8,9 @@ step and its median step time (of the slowest rank, first step excluded).
     torchrun --nproc-per-node=4 -m benchmarks.ddp_from_scratch     # NCCL, one GPU per rank
     python -m benchmarks.ddp_from_scratch --world-size 2            # gloo on the CPU, via utils.dist.launch
 
-On a GPU the default model is larger (16 layers of width 1024) and the bucket
-cap is PyTorch's default, 25 MiB; ``--help`` lists the knobs.
+Under torchrun on GPUs the default model is larger (16 layers of width 1024)
+and the bucket cap is PyTorch's default, 25 MiB; without torchrun the ranks run
+gloo on the CPU even on a GPU machine. ``--help`` lists the knobs.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from utils import data_parallel as dp
-from utils.dist import launch, torchrun_main
+from utils.dist import NCCL_BACKEND, default_backend, launch, torchrun_main
 
 TOLERANCE = dict(rtol=1e-4, atol=1e-5)  # fp32 sums in another order; Adam amplifies them a little
 
@@ -38,12 +39,16 @@ def worker(rank: int, world_size: int, strategies: Sequence[str], config: dp.Tra
         dist.all_reduce(median, op=dist.ReduceOp.MAX)
         result["median_step_seconds"] = median.item()
         result["weights"] = {k: v.cpu() for k, v in result["weights"].items()}
+        result["device"] = str(dp.worker_device())
         out[strategy] = result
     return out
 
 
 def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespace:
-    gpu = torch.cuda.is_available()
+    # GPU-sized defaults only where the ranks will run on GPUs: under torchrun, with NCCL chosen as
+    # utils.dist.torchrun_main chooses it. Without torchrun, launch runs gloo on the CPU.
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    gpu = "RANK" in os.environ and default_backend(local_world_size) == NCCL_BACKEND
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--world-size", type=int, default=2, help="ranks to start without torchrun (gloo)")
     parser.add_argument("--n-layers", type=int, default=16)
@@ -68,7 +73,8 @@ def run(args: argparse.Namespace, strategies: Sequence[str], optimizer: str, lr:
         world_size = int(os.environ["WORLD_SIZE"])
         results = torchrun_main(worker, strategies, config, cap)
         return config, world_size, results if int(os.environ["RANK"]) == 0 else None
-    return config, args.world_size, launch(worker, args.world_size, strategies, config, cap, timeout=args.timeout)[0]
+    results = launch(worker, args.world_size, strategies, config, cap, backend="gloo", timeout=args.timeout)
+    return config, args.world_size, results[0]
 
 
 def check_and_report(config: dp.TrainConfig, world_size: int, results: dict[str, Any]) -> dict[str, Any]:
@@ -77,8 +83,8 @@ def check_and_report(config: dp.TrainConfig, world_size: int, results: dict[str,
     n_params = sum(p.numel() for p in dp.make_mlp(config).parameters())
     print(f"{world_size} ranks, {config.n_layers} layers of width {config.d_hidden}, {n_params} parameters, "
           f"{config.optimizer}, global batch {config.batch_size}, {config.n_steps} steps")
-    if torch.cuda.is_available():
-        print(f"device: {torch.cuda.get_device_name(0)} (torch {torch.__version__}, CUDA {torch.version.cuda})")
+    if next(iter(results.values()))["device"].startswith("cuda"):  # where the ranks ran, not what the machine has
+        print(f"device: {torch.cuda.get_device_name(0)}, NCCL (torch {torch.__version__}, CUDA {torch.version.cuda})")
     else:
         print(f"device: CPU, gloo (torch {torch.__version__}): these timings say nothing about GPU speed")
     for strategy, result in results.items():

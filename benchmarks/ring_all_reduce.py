@@ -1,6 +1,7 @@
 """Time the book's ring all-reduce against the library's all-reduce, on GPUs or CPUs.
 
-On a GPU machine (NCCL, one process per GPU):
+On a GPU machine (NCCL, one process per GPU; ``utils.dist.torchrun_main`` picks
+gloo instead if there are fewer GPUs than processes):
 
     torchrun --nproc-per-node=8 -m benchmarks.ring_all_reduce
 
@@ -22,6 +23,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from utils.data_parallel import worker_device
 from utils.dist import launch, ring_all_reduce, torchrun_main
 from utils.network import algorithm_bandwidth, allreduce_bus_bandwidth
 
@@ -46,7 +48,7 @@ def _median_seconds(fn, x: torch.Tensor, repeats: int) -> float:
 
 def bench_worker(rank: int, world_size: int, sizes_bytes: list[int], repeats: int) -> list[dict]:
     """Time ring_all_reduce and dist.all_reduce for each message size; rank 0 prints a table."""
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = worker_device()  # this rank's GPU when the group has NCCL (torchrun on GPUs), else the CPU
     rows = []
     for nbytes in sizes_bytes:
         x = torch.ones(nbytes // 4, device=device)

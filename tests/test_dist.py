@@ -8,7 +8,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from utils.dist import WorkerError, launch
+from utils.dist import NCCL_BACKEND, WorkerError, choose_backend, choose_start_method, launch
+
+CUDA_PRESENT = torch.cuda.device_count() > 0  # fork is refused there; see choose_start_method
 
 
 def _all_reduce_rank(rank, world_size, offset):
@@ -17,7 +19,10 @@ def _all_reduce_rank(rank, world_size, offset):
     return {"rank": rank, "env_rank": int(os.environ["RANK"]), "sum": t}
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+@pytest.mark.parametrize("start_method", [
+    pytest.param("fork", marks=pytest.mark.skipif(CUDA_PRESENT, reason="launch refuses fork where CUDA is present")),
+    "spawn",
+])
 def test_results_come_back_in_rank_order(start_method):
     out = launch(_all_reduce_rank, 3, 1.0, start_method=start_method)
     assert [o["rank"] for o in out] == [0, 1, 2]
@@ -83,3 +88,52 @@ def test_bad_arguments_raise_value_error(kwargs, match):
     fn, world_size = kwargs.pop("fn"), kwargs.pop("world_size")
     with pytest.raises(ValueError, match=match):
         launch(fn, world_size, **kwargs)
+
+
+# The decisions of launch, as pure functions of the machine's facts (no GPU needed to test them).
+
+@pytest.mark.parametrize("world_size, gpu_count, nccl_available, backend, start_method", [
+    (2, 0, False, "gloo", "fork"),          # a CPU-only machine: gloo, and fork keeps notebook functions working
+    (2, 0, True, "gloo", "fork"),           # NCCL compiled in but no GPU
+    (1, 1, True, NCCL_BACKEND, "spawn"),    # one GPU per rank: NCCL for CUDA tensors, gloo for CPU ones
+    (2, 1, True, "gloo", "spawn"),          # too few GPUs for NCCL, but CUDA is present: never fork
+    (4, 8, True, NCCL_BACKEND, "spawn"),
+    (4, 8, False, "gloo", "spawn"),         # GPUs but a torch without NCCL
+])
+def test_backend_and_start_method_for_a_machine(world_size, gpu_count, nccl_available, backend, start_method):
+    assert choose_backend(world_size, gpu_count, nccl_available) == backend
+    assert choose_start_method(None, cuda_present=gpu_count > 0, fork_available=True) == start_method
+
+
+def test_nccl_always_comes_with_gloo_for_cpu_tensors():
+    assert NCCL_BACKEND == "cpu:gloo,cuda:nccl"
+    assert choose_backend(2, 2, True, requested="nccl") == NCCL_BACKEND
+    assert choose_backend(2, 2, True, requested=NCCL_BACKEND) == NCCL_BACKEND
+    assert choose_backend(2, 8, True, requested="gloo") == "gloo"
+
+
+def test_spawn_wherever_fork_is_missing_and_when_asked():
+    assert choose_start_method(None, cuda_present=False, fork_available=False) == "spawn"
+    assert choose_start_method("spawn", cuda_present=False, fork_available=True) == "spawn"
+    assert choose_start_method("fork", cuda_present=False, fork_available=True) == "fork"
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: choose_backend(4, 2, True, requested="nccl"), "one GPU per rank.*only 2 GPUs"),
+    (lambda: choose_backend(1, 1, False, requested="nccl"), "no NCCL"),
+    (lambda: choose_backend(2, 2, True, requested="mpi"), "backend must be"),
+    (lambda: choose_backend(0, 2, True), "world_size"),
+    (lambda: choose_backend(1, -1, True), "gpu_count"),
+    (lambda: choose_start_method("fork", cuda_present=True, fork_available=True),
+     "refused on a machine with a CUDA GPU.*Cannot re-initialize CUDA in forked subprocess"),
+    (lambda: choose_start_method("fork", cuda_present=False, fork_available=False), "not available"),
+    (lambda: choose_start_method("forkserver", cuda_present=False, fork_available=True), "start_method"),
+])
+def test_impossible_choices_raise_value_error(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.skipif(CUDA_PRESENT, reason="on a GPU machine launch may pick NCCL")
+def test_launch_uses_gloo_here():
+    assert launch(lambda rank, world_size: dist.get_backend(), 2, start_method="spawn") == ["gloo", "gloo"]

@@ -55,7 +55,10 @@ def ring_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None
     Works for any world size and any number of elements, including fewer
     elements than ranks and sizes the world size does not divide (chunks then
     differ by one element, and empty chunks are skipped). Every rank must call
-    it with a tensor of the same shape and dtype.
+    it with a tensor of the same shape and dtype. On a GPU with fewer elements
+    than ranks, one barrier runs first (NCCL's rule for a first batched
+    send/recv, see the comment in the code); otherwise only point-to-point
+    messages are used.
     """
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"ring_all_reduce needs a torch.Tensor, got {type(tensor).__name__}")
@@ -72,6 +75,12 @@ def ring_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None
     chunks = [flat[start:end] for start, end in chunk_bounds(flat.numel(), n)]
     incoming = torch.empty_like(chunks[0])  # the largest chunk
 
+    if flat.is_cuda and flat.numel() < n:
+        # PyTorch's docs of batch_isend_irecv: with NCCL, if it is the first collective call in the group,
+        # all ranks of the group must take part in it. With fewer elements than ranks some chunks are
+        # empty and some ranks have nothing to send or receive at step 0, so an all-rank barrier on
+        # this GPU goes first (needed only before the group's first collective; afterwards one tiny message).
+        dist.barrier(group=group, device_ids=[flat.device.index])
     for step in range(n - 1):  # reduce-scatter
         send, recv = chunks[(rank - step) % n], chunks[(rank - step - 1) % n]
         buffer = incoming[: recv.numel()]

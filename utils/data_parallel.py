@@ -113,7 +113,7 @@ def batch_shard(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor
 
 def worker_device() -> torch.device:
     """The device of this rank: its current GPU when the process group runs NCCL, else the CPU."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
+    if dist.is_initialized() and "nccl" in dist.get_backend():  # "nccl", or utils.dist's "cpu:gloo,cuda:nccl"
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -288,11 +288,14 @@ class ZeroOneOptimizer:
     def step(self) -> None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         grad_shard = torch.empty_like(self.shard)
-        dist.reduce_scatter_single(grad_shard, self._flatten(grads), op=dist.ReduceOp.SUM)
+        # Newer torch (2.13 here) names these *_single and deprecates the old names; torch 2.11 has only the old.
+        reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        reduce_scatter(grad_shard, self._flatten(grads), op=dist.ReduceOp.SUM)
         self.shard.grad = grad_shard.div_(self.world_size)
         self.optimizer.step()
         full = torch.empty(self.shard_numel * self.world_size, dtype=self.shard.dtype, device=self.shard.device)
-        dist.all_gather_single(full, self.shard.detach())
+        all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        all_gather(full, self.shard.detach())
         offset = 0
         for p in self.params:
             p.copy_(full[offset:offset + p.numel()].view_as(p))

@@ -1,9 +1,24 @@
 """Run a function in several processes with ``torch.distributed`` set up.
 
 :func:`launch` is the book's ``torchrun`` for notebooks: it starts
-``world_size`` processes, initialises a process group in each (gloo on a CPU,
-NCCL when there is one GPU per rank), calls ``fn(rank, world_size, *args)``
-and returns what each rank returned, in rank order.
+``world_size`` processes, initialises a process group in each, calls
+``fn(rank, world_size, *args)`` and returns what each rank returned, in rank order.
+
+Which backend (:func:`choose_backend`). Gloo on a CPU. When NCCL can give every
+rank its own GPU, the group is ``"cpu:gloo,cuda:nccl"`` (:data:`NCCL_BACKEND`):
+NCCL for CUDA tensors, gloo for CPU ones, because NCCL has no CPU path and most
+of the book's labs reduce CPU tensors. Each NCCL rank calls
+``torch.cuda.set_device`` and passes ``device_id`` to ``init_process_group``,
+which binds the group to that GPU and forms the NCCL communicator at once, not
+lazily at the first collective (PyTorch docs of ``init_process_group``, ``device_id``).
+
+Which start method (:func:`choose_start_method`). Functions defined in a
+notebook cell cannot be pickled by name, which ``spawn`` needs; so on a Linux
+machine without CUDA :func:`launch` forks, and otherwise it spawns, sending the
+function by value with ``cloudpickle``. Wherever CUDA is present it always
+spawns: a forked child cannot use CUDA once the parent has touched the driver
+("Cannot re-initialize CUDA in forked subprocess"), and even
+``torch.cuda.is_available()`` touches it. Asking for ``fork`` there is refused.
 
 It is built so that a lab can never freeze a notebook:
 
@@ -15,12 +30,8 @@ It is built so that a lab can never freeze a notebook:
   collective one rank never joined) are killed and :func:`launch` raises
   ``TimeoutError``.
 
-Functions defined in a notebook cell cannot be pickled by name, which the
-``spawn`` start method needs. :func:`launch` therefore forks when it can (Linux,
-CUDA not yet initialised in the parent) and otherwise spawns, sending the
-function by value with ``cloudpickle``.
-
-The same worker functions run under ``torchrun`` with :func:`torchrun_main`.
+The same worker functions run under ``torchrun`` with :func:`torchrun_main`,
+which follows the same backend rule with one GPU per local rank.
 """
 
 from __future__ import annotations
@@ -56,11 +67,80 @@ class WorkerError(RuntimeError):
         super().__init__(text)
 
 
+NCCL_BACKEND = "cpu:gloo,cuda:nccl"
+"""What reaches ``init_process_group`` when NCCL is chosen: NCCL for CUDA tensors, gloo for CPU tensors."""
+
+
+def choose_backend(world_size: int, gpu_count: int, nccl_available: bool, requested: str | None = None) -> str:
+    """The backend string for ``init_process_group``: ``"gloo"`` or :data:`NCCL_BACKEND`.
+
+    With ``requested=None``, NCCL (mixed with gloo for the CPU) when ``nccl_available``
+    and ``gpu_count >= world_size`` (one GPU per rank), else gloo. ``requested="gloo"``
+    is taken as is; ``requested="nccl"`` (or :data:`NCCL_BACKEND`) gives :data:`NCCL_BACKEND`
+    and raises ``ValueError`` if NCCL is missing or there are fewer GPUs than ranks.
+    A pure function of its arguments: :func:`launch` passes this machine's facts.
+    """
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if not isinstance(gpu_count, int) or isinstance(gpu_count, bool) or gpu_count < 0:
+        raise ValueError(f"gpu_count must be an int >= 0, got {gpu_count!r}")
+    if requested not in (None, "gloo", "nccl", NCCL_BACKEND):
+        raise ValueError(f"backend must be 'gloo', 'nccl' or None, got {requested!r}")
+    if requested == "gloo":
+        return "gloo"
+    nccl_fits = nccl_available and gpu_count >= world_size
+    if requested is None:
+        return NCCL_BACKEND if nccl_fits else "gloo"
+    if not nccl_fits:
+        why = "this torch has no NCCL" if not nccl_available else f"only {gpu_count} GPUs are visible"
+        raise ValueError(f"backend 'nccl' needs one GPU per rank, but world_size={world_size} and {why}; "
+                         "use backend='gloo' or fewer ranks")
+    return NCCL_BACKEND
+
+
+def choose_start_method(requested: str | None, cuda_present: bool, fork_available: bool) -> str:
+    """``"fork"`` or ``"spawn"``: fork only where it is available and no CUDA GPU is present, else spawn.
+
+    ``requested="spawn"`` is always honoured; ``requested="fork"`` raises ``ValueError``
+    where fork is unavailable or CUDA is present (a forked child cannot initialise
+    CUDA once the parent has touched the driver: PyTorch docs, "Multiprocessing best
+    practices", CUDA in multiprocessing). A pure function of its arguments.
+    """
+    if requested not in (None, "fork", "spawn"):
+        raise ValueError(f"start_method must be 'fork', 'spawn' or None, got {requested!r}")
+    if requested == "fork":
+        if not fork_available:
+            raise ValueError("start_method='fork' is not available on this platform; use 'spawn' or None")
+        if cuda_present:
+            raise ValueError("start_method='fork' is refused on a machine with a CUDA GPU: once the parent has "
+                             "touched the CUDA driver (even torch.cuda.is_available() does), a forked worker "
+                             "fails with 'Cannot re-initialize CUDA in forked subprocess'; use 'spawn' or None")
+        return "fork"
+    if requested == "spawn" or cuda_present or not fork_available:
+        return "spawn"
+    return "fork"
+
+
+def _cuda_present() -> bool:
+    """Whether this machine has a CUDA GPU, asked without initialising CUDA in this process where possible.
+
+    ``torch.cuda.is_available()`` calls ``cudaGetDeviceCount``, which runs ``cuInit``
+    and poisons later forks (unless ``PYTORCH_NVML_BASED_CUDA_CHECK=1``);
+    ``torch.cuda.device_count()`` asks NVML first and "will NOT poison fork if NVML
+    discovery succeeds" (its docstring, torch 2.13). If NVML fails it falls
+    back to ``cudaGetDeviceCount``; a count > 0 then means spawn anyway.
+    """
+    return torch.cuda.is_initialized() or torch.cuda.device_count() > 0
+
+
 def default_backend(world_size: int) -> str:
-    """``"nccl"`` when NCCL is available and there are at least ``world_size`` GPUs, else ``"gloo"``."""
-    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size and dist.is_nccl_available():
-        return "nccl"
-    return "gloo"
+    """:func:`choose_backend` for this machine: :data:`NCCL_BACKEND` with one GPU per rank and NCCL, else ``"gloo"``."""
+    return choose_backend(world_size, torch.cuda.device_count(), dist.is_nccl_available())
+
+
+def default_start_method() -> str:
+    """:func:`choose_start_method` for this machine, nothing requested: "fork" on a CPU-only Linux, else "spawn"."""
+    return choose_start_method(None, _cuda_present(), "fork" in mp.get_all_start_methods())
 
 
 def _to_cpu(value: Any) -> Any:
@@ -98,15 +178,17 @@ def _worker(
             RANK=str(rank), WORLD_SIZE=str(world_size),
             LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
         )
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        else:
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        device_id = None
+        if backend == NCCL_BACKEND:
+            torch.cuda.set_device(rank)  # before init: NCCL (and batch_isend_irecv) need the current device set
+            device_id = torch.device("cuda", rank)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         # Longer than launch's own timeout, so a hang is reported by the parent as a TimeoutError.
         group_timeout = datetime.timedelta(seconds=timeout + 60)
         store = dist.FileStore(store_path, world_size)
         store.set_timeout(group_timeout)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=group_timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=group_timeout,
+                                device_id=device_id)
         value = fn(rank, world_size, *args)
         dist.destroy_process_group()
         results.put((rank, "ok", pickle.dumps(_to_cpu(value))))
@@ -115,16 +197,6 @@ def _worker(
         # the parent stops every worker once it has read the error.
         failed_at = time.time()
         results.put((rank, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), failed_at))
-
-
-def _start_method(requested: str | None) -> str:
-    if requested is not None:
-        if requested not in ("fork", "spawn"):
-            raise ValueError(f"start_method must be 'fork', 'spawn' or None, got {requested!r}")
-        return requested
-    can_fork = "fork" in mp.get_all_start_methods()
-    cuda_busy = torch.cuda.is_available() and torch.cuda.is_initialized()
-    return "fork" if can_fork and not cuda_busy else "spawn"
 
 
 def _stop(processes: Sequence[mp.process.BaseProcess]) -> None:
@@ -191,11 +263,15 @@ def launch(
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes; return the results in rank order.
 
-    Each process has ``torch.distributed`` initialised (``backend`` defaults to
-    :func:`default_backend`; NCCL ranks use GPU ``rank``) and the usual
+    Each process has ``torch.distributed`` initialised (``backend`` is ``"gloo"``,
+    ``"nccl"`` or None for :func:`default_backend`; "nccl" means :data:`NCCL_BACKEND`,
+    with rank ``r`` on GPU ``r``, bound by ``device_id``) and the usual
     ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` variables set (the rendezvous
     goes through a ``FileStore`` in a temporary folder, so there is no ``MASTER_PORT``).
     Results are pickled back to the parent with tensors moved to the CPU.
+
+    ``start_method`` is "fork", "spawn" or None for :func:`default_start_method`
+    (fork is refused where CUDA is present).
 
     Raises :class:`WorkerError` if a worker raises or dies, ``TimeoutError`` if
     the workers have not all returned after ``timeout`` seconds; in both cases
@@ -207,14 +283,8 @@ def launch(
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     if not timeout or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    backend = backend or default_backend(world_size)
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be 'gloo', 'nccl' or None, got {backend!r}")
-    if backend == "nccl" and torch.cuda.device_count() < world_size:
-        raise ValueError(f"backend 'nccl' needs one GPU per rank: world_size={world_size}, "
-                         f"GPUs visible={torch.cuda.device_count()}")
-
-    method = _start_method(start_method)
+    backend = choose_backend(world_size, torch.cuda.device_count(), dist.is_nccl_available(), backend)
+    method = choose_start_method(start_method, _cuda_present(), "fork" in mp.get_all_start_methods())
     ctx = mp.get_context(method)
     if method == "fork":
         payload: bytes | tuple = (fn, args)
@@ -280,18 +350,25 @@ def launch(
 def torchrun_main(fn: Callable[..., Any], *args: Any, backend: str | None = None) -> Any:
     """Run ``fn(rank, world_size, *args)`` in a process started by ``torchrun``; return its result.
 
-    ``torchrun --nproc-per-node=4 -m some.module`` sets ``RANK``, ``WORLD_SIZE``
-    and the rendezvous variables; this initialises the process group from them
-    (NCCL on GPUs, one per local rank; gloo otherwise), calls ``fn`` and tears
-    the group down. Worker functions written for :func:`launch` run unchanged.
+    ``torchrun --nproc-per-node=4 -m some.module`` sets ``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and the rendezvous variables; this initialises
+    the process group from them with :func:`choose_backend` (``backend`` is "gloo",
+    "nccl" or None): :data:`NCCL_BACKEND` when this node has a GPU per local rank,
+    each rank on GPU ``LOCAL_RANK`` and bound to it by ``device_id``; gloo otherwise.
+    Then it calls ``fn`` and tears the group down. Worker functions written for
+    :func:`launch` run unchanged.
     """
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise ValueError("torchrun_main expects RANK and WORLD_SIZE in the environment; start it with torchrun")
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    backend = backend or ("nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo")
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    dist.init_process_group(backend)
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    backend = choose_backend(local_world_size, torch.cuda.device_count(), dist.is_nccl_available(), backend)
+    device_id = None
+    if backend == NCCL_BACKEND:
+        torch.cuda.set_device(local_rank)
+        device_id = torch.device("cuda", local_rank)
+    dist.init_process_group(backend, device_id=device_id)
     try:
         return fn(rank, world_size, *args)
     finally:
