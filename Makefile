@@ -1,8 +1,11 @@
 # The book's commands. Each one creates .venv and installs what it needs first.
-#   make book     execute the notebooks and build the HTML book into _build/html
-#   make test     unit tests, nbval over every notebook, and a build with warnings as errors
-#   make lab      JupyterLab in the book's environment
-#   make execute  re-execute every notebook in place, so stored outputs are fresh
+#   make book            build the HTML book into _build/html from the notebooks' stored outputs
+#                        (the outputs that `make test` has just checked against a fresh run)
+#   make book EXECUTE=1  execute every notebook first (jupyter-cache), then build _build/html
+#   make test            unit tests, nbval over every notebook, and `make book` with warnings as errors
+#   make lab             JupyterLab in the book's environment
+#   make execute         re-execute every notebook in place, so stored outputs are fresh
+#   make book-repeat     `make book EXECUTE=1` RUNS times from a clean _build, reporting any stall
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -10,12 +13,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 JOBS ?= 2
+EXECUTE ?= 0
+RUNS ?= 5
+# Seconds one cell may run before the build fails: the slowest cell takes ~15 s on a 2-core CPU.
+CELL_TIMEOUT ?= 180
 NOTEBOOKS := $(shell find chapters labs -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*' | sort)
 # Threads per process: keep nbval's parallel kernels from fighting over the cores.
 export OMP_NUM_THREADS ?= 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: setup book test unit nbval book-check lab execute clean
+.PHONY: setup book test unit nbval lab execute book-repeat clean
 MATHJAX := _mathjax/mathjax
 
 $(STAMP): requirements.txt pyproject.toml
@@ -32,11 +39,20 @@ $(MATHJAX)/tex-mml-chtml.js: $(STAMP)
 	src=$$($(BIN)/python -c "import mathjax, pathlib; print(pathlib.Path(mathjax.__file__).parent / 'static/mathjax/es5')") && \
 		cp -r $$src/tex-mml-chtml.js $$src/output $$src/input $$src/ui $$src/a11y $$src/adaptors $(MATHJAX)/
 
+# _config.yml builds from the stored outputs (execute_notebooks: "off"). EXECUTE=1 builds with a copy
+# of it that executes every notebook through jupyter-cache (what changed since the last executed
+# build), each cell failing after CELL_TIMEOUT seconds. Cells tagged skip-execution (the live
+# widgets, which need a kernel and are removed from the HTML anyway) are not run: see README, "Why
+# the live-widget cells are not executed by the book build".
+BOOK_CONFIG := _build/config/$(if $(filter 1,$(EXECUTE)),execute,stored).yml
 book: $(STAMP) $(MATHJAX)/tex-mml-chtml.js
-	$(BIN)/jupyter-book build . -W --keep-going
+	mkdir -p _build/config
+	sed -e 's/^\(  *execute_notebooks:\).*/\1 $(if $(filter 1,$(EXECUTE)),cache,"off")/' \
+		-e 's/^\(  *timeout:\).*/\1 $(CELL_TIMEOUT)/' _config.yml > $(BOOK_CONFIG)
+	$(BIN)/jupyter-book build . --config $(BOOK_CONFIG) --path-output . -W --keep-going
 	@echo "Open _build/html/index.html"
 
-test: unit nbval book-check
+test: unit nbval book
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests -n $(JOBS) -q
@@ -46,20 +62,17 @@ nbval: $(STAMP)
 		--nbval-sanitize-with tests/nbval_sanitize.cfg -n $(JOBS) --dist loadscope -q \
 		-p no:cacheprovider $(NOTEBOOKS)
 
-# Build from the stored outputs (just checked by nbval) with warnings as errors.
-book-check: $(STAMP) $(MATHJAX)/tex-mml-chtml.js
-	mkdir -p _build/check
-	sed 's/execute_notebooks: cache/execute_notebooks: "off"/' _config.yml > _build/check/_config.yml
-	$(BIN)/jupyter-book build . --config _build/check/_config.yml --path-output _build/check -W --keep-going -q
-
 lab: $(STAMP)
 	$(BIN)/jupyter lab
 
-# One notebook at a time: two concurrent nbconvert runs here twice left one client waiting
-# forever on an idle kernel (a lost message; not reproduced alone, nor under nbval).
+# JOBS notebooks at a time. nbconvert skips cells tagged skip-execution, as the book build does.
 execute: $(STAMP)
-	printf '%s\n' $(NOTEBOOKS) | xargs -P 1 -I{} $(BIN)/jupyter nbconvert --to notebook \
-		--execute --inplace --ExecutePreprocessor.timeout=600 --log-level=WARN {}
+	printf '%s\n' $(NOTEBOOKS) | xargs -P $(JOBS) -I{} $(BIN)/jupyter nbconvert --to notebook \
+		--execute --inplace --ExecutePreprocessor.timeout=$(CELL_TIMEOUT) --log-level=WARN {}
+
+# Repeat the executed build from a clean _build and report stalls (.ci/repeat_book.py).
+book-repeat: $(STAMP)
+	$(BIN)/python .ci/repeat_book.py --runs $(RUNS)
 
 clean:
 	rm -rf _build $(MATHJAX)
