@@ -1,6 +1,6 @@
 """Benchmark of the lab "DDP from scratch": per-parameter all-reduce, buckets, PyTorch DDP.
 
-Each version of data parallelism in :mod:`utils.data_parallel` trains the same
+Each version of data parallelism in :mod:`utils.parallel.data_parallel` trains the same
 MLP on N ranks; each is checked against one process trained on the full batch
 (``torch.testing.assert_close``), then rank 0 prints its all-reduce calls per
 step and its median step time (of the slowest rank, first step excluded).
@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from utils import data_parallel as dp
+from utils.parallel import data_parallel as dp
 from utils.dist import NCCL_BACKEND, default_backend, launch, torchrun_main
 
 TOLERANCE = dict(rtol=1e-4, atol=1e-5)  # fp32 sums in another order; Adam amplifies them a little

@@ -374,5 +374,3 @@ def torchrun_main(fn: Callable[..., Any], *args: Any, backend: str | None = None
     finally:
         dist.destroy_process_group()
 
-
-from utils.collectives import ring_all_reduce  # noqa: E402,F401  (public as utils.dist.ring_all_reduce)

@@ -1,4 +1,4 @@
-"""utils.data_parallel: N ranks must train the same model as one process on the full batch.
+"""utils.parallel.data_parallel: N ranks must train the same model as one process on the full batch.
 
 Multi-process tests run every strategy on gloo in one launch per world size,
 and compare with :func:`train_single_process`; pure helpers get property tests.
@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 import torch.distributed.fsdp  # noqa: F401  (imported once here, so forked workers do not each import it)
 from benchmarks import ddp_from_scratch, zero_and_fsdp
-from utils import data_parallel as dp
+from utils.parallel import data_parallel as dp
 from utils.dist import launch
-from utils.memory import zero_model_state_bytes
+from utils.parallel.memory import zero_model_state_bytes
 
 SGD = dp.TrainConfig(n_steps=4)
 ADAM = dp.TrainConfig(n_steps=4, optimizer="adam", lr=0.01, batch_size=24)

@@ -16,7 +16,7 @@ Scaling Language Modeling with Pathways", arXiv:2204.02311, section 4.1 and
 appendix B). Recomputed activations do not count as model FLOPs.
 
 Published figures used to check these formulas are in :data:`PUBLISHED`; the
-peak FLOP/s of GPUs are in :data:`utils.hardware.GPUS`.
+peak FLOP/s of GPUs are in :data:`utils.gpu.hardware.GPUS`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ roofline model (Williams, Waterman and Patterson, "Roofline: an insightful
 visual performance model for multicore architectures", CACM 52(4), 2009) bounds
 a kernel's speed by ``min(peak_flops, intensity * bandwidth)``: below the
 *ridge point* ``peak_flops / bandwidth`` it is memory-bound, above it
-compute-bound. The roof itself is :func:`utils.hardware.attainable_flops`.
+compute-bound. The roof itself is :func:`utils.gpu.hardware.attainable_flops`.
 
 Each ``*_cost`` function returns an :class:`OpCost` (FLOPs and bytes for the
 given shapes, counting each input read once and each output written once,
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from utils import hardware
+from utils.gpu import hardware
 from utils.bench import matmul_flops
 
 BOUNDS = ("memory", "compute")
@@ -171,7 +171,7 @@ def attention_intensity(seq_len: int, head_dim: int, dtype_bytes: float, fused: 
     """FLOPs per byte of one attention head (see :func:`attention_cost`).
 
     Standard: ``S d / ((S + d) b)``, which tends to ``d / b`` (64 for d = 128
-    in bf16: memory-bound on every chip of :data:`utils.hardware.GPUS`).
+    in bf16: memory-bound on every chip of :data:`utils.gpu.hardware.GPUS`).
     Fused, ideal: ``S / b``, which grows with the sequence.
     """
     return attention_cost(seq_len, head_dim, dtype_bytes, fused, block_rows).intensity
@@ -212,7 +212,7 @@ def place(intensity: float, gpu: str = "H100-SXM", precision: str = "bf16") -> P
     """Put ``intensity`` (FLOPs/byte) on ``gpu``'s HBM roofline in ``precision``.
 
     ``attainable = min(peak, intensity * bandwidth)``
-    (:func:`utils.hardware.attainable_flops`); the bound is ``"memory"`` below
+    (:func:`utils.gpu.hardware.attainable_flops`); the bound is ``"memory"`` below
     the ridge point and ``"compute"`` at or above it.
     """
     if isinstance(intensity, bool) or not isinstance(intensity, (int, float)) or not intensity > 0:

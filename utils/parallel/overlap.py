@@ -16,7 +16,7 @@ This module is the smallest model of that schedule that keeps its shape:
   :func:`ddp_timeline`);
 - buckets are formed as DDP's reducer forms them (:func:`assign_buckets`);
 - all-reduces run one at a time, in bucket order, each priced by
-  :func:`utils.network.ring_allreduce_time`;
+  :func:`utils.parallel.network.ring_allreduce_time`;
 - a bucket's all-reduce starts when its last gradient is ready and the previous
   all-reduce has finished.
 
@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from utils.network import ring_allreduce_time
+from utils.parallel.network import ring_allreduce_time
 
 MIB = 1024 * 1024
 

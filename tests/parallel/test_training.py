@@ -4,8 +4,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from utils.hardware import spec
-from utils.training import (
+from utils.gpu.hardware import spec
+from utils.parallel.training import (
     PUBLISHED,
     SECONDS_PER_DAY,
     SECONDS_PER_YEAR,

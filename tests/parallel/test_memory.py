@@ -1,6 +1,6 @@
 import pytest
 
-from utils.memory import zero_model_state_bytes
+from utils.parallel.memory import zero_model_state_bytes
 
 
 @pytest.mark.parametrize("stage, published_gb", [(0, 120), (1, 31.4), (2, 16.6), (3, 1.9)])
@@ -28,7 +28,7 @@ import math  # noqa: E402
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from utils.memory import (  # noqa: E402
+from utils.parallel.memory import (  # noqa: E402
     ZERO_PAPER_FIGURES,
     ZERO_PAPER_LARGEST_MODELS_64_GPUS,
     zero_communication_volume,

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from utils.network import ring_allreduce_time
-from utils.topology import (
+from utils.parallel.network import ring_allreduce_time
+from utils.parallel.topology import (
     PUBLISHED,
     SUPERPOD_COMPUTE_FABRIC,
     clos,

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from utils import hardware
-from utils import memory_hierarchy as mh
+from utils.gpu import hardware
+from utils.gpu import memory_hierarchy as mh
 
 
 def test_h100_levels_match_the_whitepaper_and_datasheet():

@@ -18,7 +18,7 @@ The measure is *SIMT efficiency*: the fraction of issued lane-slots that do
 useful work, ``useful lane-instructions / (warp_size * issued instructions)``.
 
 **Latency hiding.** By Little's law, sustaining a bandwidth takes
-``bandwidth * latency`` bytes in flight (:func:`utils.hardware.bytes_in_flight`).
+``bandwidth * latency`` bytes in flight (:func:`utils.gpu.hardware.bytes_in_flight`).
 :func:`warps_needed_per_sm` turns that into warps waiting on loads per SM;
 :data:`POINTER_CHASE_DRAM_LATENCY` holds measured DRAM latencies to feed it.
 """
@@ -31,7 +31,7 @@ from typing import Mapping, NamedTuple
 
 import numpy as np
 
-from utils.hardware import bytes_in_flight
+from utils.gpu.hardware import bytes_in_flight
 
 WARP_SIZE = 32
 """Threads per warp on every NVIDIA GPU so far (CUDA C++ Programming Guide, "SIMT Architecture")."""

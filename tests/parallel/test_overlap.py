@@ -1,4 +1,4 @@
-"""utils.overlap: DDP's bucket rule (against PyTorch's reducer) and the invariants of the overlap timeline."""
+"""utils.parallel.overlap: DDP's bucket rule (against PyTorch's reducer) and the invariants of the overlap timeline."""
 
 import pytest
 import torch
@@ -6,8 +6,8 @@ import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from utils.network import ring_allreduce_time
-from utils.overlap import DDP_DEFAULTS, MIB, assign_buckets, ddp_timeline
+from utils.parallel.network import ring_allreduce_time
+from utils.parallel.overlap import DDP_DEFAULTS, MIB, assign_buckets, ddp_timeline
 
 sizes = st.lists(st.integers(0, 5000), min_size=1, max_size=30)
 seconds = st.floats(0, 1e-2, allow_nan=False)

@@ -26,7 +26,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from utils.network import ring_allreduce_time
+from utils.parallel.network import ring_allreduce_time
 
 # --------------------------------------------------------------------------
 # Published figures, with their sources
@@ -455,7 +455,7 @@ def hierarchical_allreduce_time(nbytes: float, gpus_per_node: int, n_nodes: int,
     3. all-gather inside each node.
 
     Steps 1 and 3 together cost one intra-node ring all-reduce, so with
-    :func:`utils.network.ring_allreduce_time` (phases run one after the other, no overlap):
+    :func:`utils.parallel.network.ring_allreduce_time` (phases run one after the other, no overlap):
     ``ring(g, nbytes, B_intra, a_intra) + ring(N, nbytes / g, B_inter, a_inter)``.
     Bandwidths are each GPU's send bandwidth in bytes/s (one direction).
     """
@@ -476,7 +476,7 @@ def flat_ring_allreduce_time(nbytes: float, gpus_per_node: int, n_nodes: int,
     ``c = nbytes / (rings g N)`` over every hop at once and lasts as long as its
     slowest hop: ``max(a_intra + c rings / B_intra, a_inter + c / B_inter)``
     (the NVLink bandwidth of a GPU is shared by its rings). The ring takes
-    ``2 (g N - 1)`` steps, as in :func:`utils.network.ring_allreduce_time`,
+    ``2 (g N - 1)`` steps, as in :func:`utils.parallel.network.ring_allreduce_time`,
     which this equals when ``N = 1`` or when one ring is paced by the
     inter-node link. Bandwidths are per GPU, one direction, in bytes/s.
     """

@@ -1,11 +1,12 @@
-"""utils.collectives (also public as utils.dist.ring_all_reduce): odd sizes, odd world sizes, subgroups."""
+"""utils.parallel.collectives: the ring all-reduce at odd sizes, odd world sizes, subgroups."""
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from utils.collectives import chunk_bounds
-from utils.dist import launch, ring_all_reduce
+from utils.parallel.collectives import chunk_bounds
+from utils.dist import launch
+from utils.parallel.collectives import ring_all_reduce
 
 SHAPES = [(1,), (2,), (3,), (5,), (7,), (13,), (1000,), (3, 5), (2, 3, 7)]
 

@@ -2,8 +2,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from utils import hardware
-from utils import roofline as rl
+from utils.gpu import hardware
+from utils.gpu import roofline as rl
 
 CHIPS = ("A100-SXM4-80GB", "H100-SXM", "H200", "B200")
 

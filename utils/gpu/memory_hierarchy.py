@@ -8,7 +8,7 @@ SM), the L2 cache, HBM, the other GPUs' memory over NVLink, and the host's
 memory over PCIe. Every figure says where it comes from and of which kind it
 is (``"vendor"``, ``"derived"`` from vendor figures by a stated formula, or
 ``"measured"`` by a named microbenchmark study). Figures that
-:mod:`utils.hardware` already holds (HBM size and bandwidth, L2 size, SM count,
+:mod:`utils.gpu.hardware` already holds (HBM size and bandwidth, L2 size, SM count,
 registers per SM, NVLink bandwidth, FP32 peak) are read from there; the others
 are in :data:`PUBLISHED`, one entry per number with its source.
 
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
-from utils import hardware
+from utils.gpu import hardware
 
 KB = 1024
 
@@ -113,7 +113,7 @@ PUBLISHED: Mapping[str, Mapping[str, Figure]] = MappingProxyType({
         "gpus_per_node": Figure(8, "GPUs", "vendor", "NVIDIA DGX A100 / HGX A100 8-GPU: eight A100 SXM per node"),
     }),
 })
-"""Numbers :mod:`utils.hardware` does not hold, per GPU, each with its source."""
+"""Numbers :mod:`utils.gpu.hardware` does not hold, per GPU, each with its source."""
 
 GPUS = tuple(PUBLISHED)
 """GPUs whose hierarchy is sourced here."""

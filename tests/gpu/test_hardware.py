@@ -2,8 +2,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from utils import hardware
-from utils.hardware import attainable_flops, occupancy, occupancy_report, spec
+from utils.gpu import hardware
+from utils.gpu.hardware import attainable_flops, occupancy, occupancy_report, spec
 
 
 def test_h100_sxm_matches_its_datasheet():

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from utils.network import (
+from utils.parallel.network import (
     ALLREDUCE_COST_MODELS,
     COLLECTIVES,
     algorithm_bandwidth,
