@@ -51,6 +51,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from utils.validate import check_nonnegative_int, check_positive, check_positive_int
+
 _POLL_SECONDS = 0.05
 _GRACE_SECONDS = 1.0  # after a first error, how long to wait for the others (to find the root cause)
 
@@ -80,10 +82,8 @@ def choose_backend(world_size: int, gpu_count: int, nccl_available: bool, reques
     and raises ``ValueError`` if NCCL is missing or there are fewer GPUs than ranks.
     A pure function of its arguments: :func:`launch` passes this machine's facts.
     """
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-    if not isinstance(gpu_count, int) or isinstance(gpu_count, bool) or gpu_count < 0:
-        raise ValueError(f"gpu_count must be an int >= 0, got {gpu_count!r}")
+    check_positive_int("world_size", world_size)
+    check_nonnegative_int("gpu_count", gpu_count)
     if requested not in (None, "gloo", "nccl", NCCL_BACKEND):
         raise ValueError(f"backend must be 'gloo', 'nccl' or None, got {requested!r}")
     if requested == "gloo":
@@ -279,10 +279,8 @@ def launch(
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {type(fn).__name__}")
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-    if not timeout or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    check_positive_int("world_size", world_size)
+    check_positive("timeout (seconds)", timeout, finite=True)
     backend = choose_backend(world_size, torch.cuda.device_count(), dist.is_nccl_available(), backend)
     method = choose_start_method(start_method, _cuda_present(), "fork" in mp.get_all_start_methods())
     ctx = mp.get_context(method)

@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from utils.gpu import hardware
 from utils.gpu import memory_hierarchy as mh
+from utils.published import KINDS
 
 
 def test_h100_levels_match_the_whitepaper_and_datasheet():
@@ -53,10 +54,10 @@ def test_each_level_is_bigger_and_slower_than_the_one_before(gpu):
 @pytest.mark.parametrize("gpu", mh.GPUS)
 def test_every_figure_has_a_source_and_a_kind(gpu):
     for figure in mh.PUBLISHED[gpu].values():
-        assert figure.source and figure.kind in mh.KINDS and figure.value > 0
+        assert figure.source and figure.kind in KINDS and figure.value > 0
     for lv in mh.hierarchy(gpu):
         assert lv.size_source and lv.bandwidth_source
-        assert lv.size_kind in mh.KINDS and lv.bandwidth_kind in mh.KINDS
+        assert lv.size_kind in KINDS and lv.bandwidth_kind in KINDS
         assert (lv.latency_cycles is None) == (lv.latency_source is None) == (lv.latency_kind is None)
 
 

@@ -3,9 +3,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from utils.gpu.hardware import spec
-from utils.gpu.simt import (POINTER_CHASE_DRAM_LATENCY, WARP_SIZE, branch_efficiency, branch_trace, divergent_warps,
-                        trace_efficiency, warps_needed_per_sm)
+from utils.gpu.hardware import WARP_SIZE, spec
+from utils.gpu.simt import (POINTER_CHASE_DRAM_LATENCY, branch_efficiency, branch_trace, divergent_warps,
+                            trace_efficiency, warps_needed_per_sm)
 
 lane = np.arange(WARP_SIZE)
 

@@ -5,6 +5,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from utils.gpu import memory_hierarchy
+from utils.gpu.hardware import spec
 from utils.parallel.network import ring_allreduce_time
 from utils.parallel.topology import (
     PUBLISHED,
@@ -85,6 +87,14 @@ def test_nvlink_vs_nic_per_gpu_one_direction():
     assert nic == 50e9
     assert nvlink_one_way / nic == pytest.approx(9.0)
     assert PUBLISHED["h100_nvlink_bytes_per_s"].value / PUBLISHED["h100_nvlink_links"].value == 50e9
+
+
+def test_figures_whose_home_is_part_1_are_read_from_there():
+    # One place for each figure: the NVLink bandwidth lives in the GPU spec table, the GPUs per DGX node
+    # in the memory-hierarchy table; the fabric table only reads them.
+    assert PUBLISHED["h100_nvlink_bytes_per_s"].value == spec("H100-SXM").nvlink_bandwidth
+    assert "NVLink 900 GB/s" in PUBLISHED["h100_nvlink_bytes_per_s"].source
+    assert PUBLISHED["dgx_h100_gpus"] is memory_hierarchy.PUBLISHED["H100-SXM"]["gpus_per_node"]
 
 
 # --- closed forms against the constructive sizing ----------------------------

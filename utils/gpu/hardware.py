@@ -19,12 +19,17 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping
 
+from utils.validate import check_nonnegative, check_positive
+
 KB = 1024
 MB = 1024 * 1024
 TERA = 1e12
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
 CUDA_GUIDE = "CUDA C++ Programming Guide, Technical Specifications per Compute Capability"
+
+WARP_SIZE = 32
+"""Threads per warp on every NVIDIA GPU so far (CUDA C++ Programming Guide, "SIMT Architecture")."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,7 @@ class GpuSpec:
     sources: tuple[str, ...] = field(default=())
     max_threads_per_block: int = 1024
     max_registers_per_thread: int = 255
-    warp_size: int = 32
+    warp_size: int = WARP_SIZE
 
     def flops(self, precision: str) -> float:
         """Dense peak FLOP/s in ``precision``; ``ValueError`` if the chip has no such Tensor Core mode."""
@@ -56,11 +61,6 @@ class GpuSpec:
         if precision not in self.peak_flops:
             raise ValueError(f"{self.name} has no {precision} support; it offers {', '.join(self.peak_flops)}")
         return self.peak_flops[precision]
-
-    @property
-    def ridge_point(self) -> float:
-        """FLOPs per byte where the bf16/fp16 roofline turns from memory- to compute-bound: peak / bandwidth."""
-        return self.flops("fp16") / self.hbm_bandwidth
 
 
 def _flops(**tflops: float) -> Mapping[str, float]:
@@ -136,10 +136,9 @@ def attainable_flops(intensity: float, peak_flops: float, peak_bandwidth: float)
     memory (Williams, Waterman and Patterson, "Roofline: an insightful visual
     performance model for multicore architectures", CACM 2009).
     """
-    if intensity < 0:
-        raise ValueError(f"intensity must be >= 0 FLOPs/byte, got {intensity}")
-    if peak_flops <= 0 or peak_bandwidth <= 0:
-        raise ValueError(f"peak_flops and peak_bandwidth must be > 0, got {peak_flops} and {peak_bandwidth}")
+    check_nonnegative("intensity (FLOPs/byte)", intensity)
+    check_positive("peak_flops (FLOP/s)", peak_flops)
+    check_positive("peak_bandwidth (bytes/s)", peak_bandwidth)
     return min(peak_flops, intensity * peak_bandwidth)
 
 
@@ -232,8 +231,8 @@ def bytes_in_flight(bandwidth_bytes_per_s: float, latency_seconds: float) -> flo
     1961; applied to GPUs in Volkov, "Understanding Latency Hiding on GPUs",
     PhD thesis, UC Berkeley 2016.)
     """
-    if bandwidth_bytes_per_s < 0 or latency_seconds < 0:
-        raise ValueError(f"bandwidth and latency must be >= 0, got {bandwidth_bytes_per_s} and {latency_seconds}")
+    check_nonnegative("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+    check_nonnegative("latency_seconds", latency_seconds)
     return bandwidth_bytes_per_s * latency_seconds
 
 

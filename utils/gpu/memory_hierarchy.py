@@ -39,11 +39,9 @@ from types import MappingProxyType
 from typing import Mapping
 
 from utils.gpu import hardware
-
-KB = 1024
-
-KINDS = ("vendor", "derived", "measured")
-"""How a figure was obtained: published by the vendor, computed from vendor figures, or measured by a study."""
+from utils.gpu.hardware import KB, WARP_SIZE
+from utils.published import Published
+from utils.validate import check_positive, check_positive_int
 
 LEVEL_NAMES = ("registers", "L1 / shared memory", "L2 cache", "HBM", "peer GPUs (NVLink)", "host memory (PCIe)")
 """The levels of :func:`hierarchy`, fastest first."""
@@ -52,7 +50,6 @@ SECTOR_BYTES = 32
 """Granularity of a global-memory transaction on compute capability 6.0+ (CUDA C++ Best Practices Guide)."""
 LINE_BYTES = 128
 """L1/L2 cache line: four 32-byte sectors (CUDA C++ Programming Guide, compute capability 7.x+ global memory)."""
-WARP_SIZE = 32
 ELEMENT_BYTES = (1, 2, 4, 8, 16)
 """Sizes of one thread's load that CUDA supports natively (char up to float4 / 16-byte vector loads)."""
 
@@ -67,50 +64,41 @@ _H100_WP = "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022)"
 _A100_WP = "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020)"
 
 
-@dataclass(frozen=True)
-class Figure:
-    """One published number: its value, its unit, where it comes from, and whether it was published or measured."""
-
-    value: float
-    unit: str
-    kind: str
-    source: str
-
-
-PUBLISHED: Mapping[str, Mapping[str, Figure]] = MappingProxyType({
+PUBLISHED: Mapping[str, Mapping[str, Published]] = MappingProxyType({
     "H100-SXM": MappingProxyType({
-        "l1_smem_per_sm_bytes": Figure(256 * KB, "bytes", "vendor",
-                                       f"{_H100_WP}: 256 KB of combined shared memory and L1 data cache per SM"),
-        "fp32_lanes_per_sm": Figure(128, "lanes", "vendor", f"{_H100_WP}, Table 3: 128 FP32 cores per SM"),
-        "l2_bytes_per_clock": Figure(
-            4472.3, "bytes/clock", "measured",
+        "l1_smem_per_sm_bytes": Published(
+            256 * KB, "bytes", f"{_H100_WP}: 256 KB of combined shared memory and L1 data cache per SM", "vendor"),
+        "fp32_lanes_per_sm": Published(128, "lanes", f"{_H100_WP}, Table 3: 128 FP32 cores per SM", "vendor"),
+        "l2_bytes_per_clock": Published(
+            4472.3, "bytes/clock",
             "Luo et al., arXiv:2402.13499, L2 throughput table: FP32 loads on an H800 PCIe (GH100); quoted at "
-            "second hand, not checked against the paper. NVIDIA publishes no L2 bandwidth for H100"),
-        "smem_latency_cycles": Figure(29.0, "cycles", "measured", f"{_LUO}, H800 PCIe, shared memory"),
-        "l2_latency_cycles": Figure(263.0, "cycles", "measured", f"{_LUO}, H800 PCIe, L2 hit"),
-        "hbm_latency_cycles": Figure(478.8, "cycles", "measured", f"{_LUO}, H800 PCIe, global memory (L2 miss)"),
-        "pcie_bidirectional_bytes_per_s": Figure(
-            128e9, "bytes/s", "vendor",
+            "second hand, not checked against the paper. NVIDIA publishes no L2 bandwidth for H100", "measured"),
+        "smem_latency_cycles": Published(29.0, "cycles", f"{_LUO}, H800 PCIe, shared memory", "measured"),
+        "l2_latency_cycles": Published(263.0, "cycles", f"{_LUO}, H800 PCIe, L2 hit", "measured"),
+        "hbm_latency_cycles": Published(478.8, "cycles", f"{_LUO}, H800 PCIe, global memory (L2 miss)", "measured"),
+        "pcie_bidirectional_bytes_per_s": Published(
+            128e9, "bytes/s",
             "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column): 'PCIe Gen5: 128 GB/s' "
-            "(64 GB/s each way; PCI-SIG PCI Express Base Specification 5.0, 32 GT/s x16)"),
-        "host_memory_bytes": Figure(2e12, "bytes", "vendor", "NVIDIA DGX H100 datasheet: 2 TB system memory"),
-        "gpus_per_node": Figure(8, "GPUs", "vendor", "NVIDIA DGX H100 / HGX H100 8-GPU: eight H100 SXM per node"),
+            "(64 GB/s each way; PCI-SIG PCI Express Base Specification 5.0, 32 GT/s x16)", "vendor"),
+        "host_memory_bytes": Published(2e12, "bytes", "NVIDIA DGX H100 datasheet: 2 TB system memory", "vendor"),
+        "gpus_per_node": Published(8, "GPUs per node", "NVIDIA DGX H100 / HGX H100 8-GPU: eight H100 SXM per node", "vendor"),
     }),
     "A100-SXM4-80GB": MappingProxyType({
-        "l1_smem_per_sm_bytes": Figure(192 * KB, "bytes", "vendor",
-                                       f"{_A100_WP}: 192 KB of combined shared memory and L1 data cache per SM"),
-        "fp32_lanes_per_sm": Figure(64, "lanes", "vendor", f"{_A100_WP}, Table 4: 64 FP32 cores per SM"),
-        "l2_bytes_per_clock": Figure(5120, "bytes/clock", "vendor",
-                                     f"{_A100_WP}: 'The A100 L2 read bandwidth is 5120 Bytes/clk'"),
-        "smem_latency_cycles": Figure(29.0, "cycles", "measured", f"{_LUO}, A100 PCIe, shared memory"),
-        "l2_latency_cycles": Figure(261.5, "cycles", "measured", f"{_LUO}, A100 PCIe, L2 hit"),
-        "hbm_latency_cycles": Figure(466.3, "cycles", "measured", f"{_LUO}, A100 PCIe, global memory (L2 miss)"),
-        "pcie_bidirectional_bytes_per_s": Figure(
-            64e9, "bytes/s", "vendor",
-            "NVIDIA A100 Tensor Core GPU datasheet (80GB SXM column): 'PCIe Gen4: 64 GB/s' (32 GB/s each way)"),
-        "host_memory_bytes": Figure(2e12, "bytes", "vendor",
-                                    "NVIDIA DGX A100 datasheet (640 GB system): 2 TB system memory"),
-        "gpus_per_node": Figure(8, "GPUs", "vendor", "NVIDIA DGX A100 / HGX A100 8-GPU: eight A100 SXM per node"),
+        "l1_smem_per_sm_bytes": Published(
+            192 * KB, "bytes", f"{_A100_WP}: 192 KB of combined shared memory and L1 data cache per SM", "vendor"),
+        "fp32_lanes_per_sm": Published(64, "lanes", f"{_A100_WP}, Table 4: 64 FP32 cores per SM", "vendor"),
+        "l2_bytes_per_clock": Published(
+            5120, "bytes/clock", f"{_A100_WP}: 'The A100 L2 read bandwidth is 5120 Bytes/clk'", "vendor"),
+        "smem_latency_cycles": Published(29.0, "cycles", f"{_LUO}, A100 PCIe, shared memory", "measured"),
+        "l2_latency_cycles": Published(261.5, "cycles", f"{_LUO}, A100 PCIe, L2 hit", "measured"),
+        "hbm_latency_cycles": Published(466.3, "cycles", f"{_LUO}, A100 PCIe, global memory (L2 miss)", "measured"),
+        "pcie_bidirectional_bytes_per_s": Published(
+            64e9, "bytes/s",
+            "NVIDIA A100 Tensor Core GPU datasheet (80GB SXM column): 'PCIe Gen4: 64 GB/s' (32 GB/s each way)",
+            "vendor"),
+        "host_memory_bytes": Published(
+            2e12, "bytes", "NVIDIA DGX A100 datasheet (640 GB system): 2 TB system memory", "vendor"),
+        "gpus_per_node": Published(8, "GPUs per node", "NVIDIA DGX A100 / HGX A100 8-GPU: eight A100 SXM per node", "vendor"),
     }),
 })
 """Numbers :mod:`utils.gpu.hardware` does not hold, per GPU, each with its source."""
@@ -127,7 +115,7 @@ class MemoryLevel:
     ``bandwidth_bytes_per_s`` the aggregate rate at which all SMs can read the
     level (for PCIe and NVLink: one direction); ``latency_cycles`` the
     pointer-chasing latency of one load in SM clock cycles, or None where no
-    measurement is cited. ``*_kind`` is one of :data:`KINDS`. ``per`` says
+    measurement is cited. ``*_kind`` is one of :data:`utils.published.KINDS`. ``per`` says
     whether the level belongs to one ``"GPU"`` or to the whole ``"node"``
     (host memory, the peer GPUs).
     """
@@ -146,12 +134,11 @@ class MemoryLevel:
 
     def latency_seconds(self, clock_hz: float) -> float | None:
         """``latency_cycles / clock_hz`` (None where no latency is cited)."""
-        if clock_hz <= 0:
-            raise ValueError(f"clock_hz must be > 0, got {clock_hz}")
+        check_positive("clock_hz", clock_hz)
         return None if self.latency_cycles is None else self.latency_cycles / clock_hz
 
 
-def _published(gpu: str) -> Mapping[str, Figure]:
+def _published(gpu: str) -> Mapping[str, Published]:
     if gpu not in PUBLISHED:
         raise ValueError(f"no memory-hierarchy figures for {gpu!r}; sourced GPUs: {', '.join(GPUS)}")
     return PUBLISHED[gpu]
@@ -264,8 +251,7 @@ def _check_access(stride_elements: int, element_bytes: int, offset_bytes: int, n
                         (offset_bytes, "offset_bytes"), (n_threads, "n_threads"), (sector_bytes, "sector_bytes")):
         if not isinstance(value, int) or isinstance(value, bool):
             raise ValueError(f"{what} must be an int, got {value!r}")
-    if stride_elements < 1:
-        raise ValueError(f"stride_elements must be >= 1 (1 = consecutive elements), got {stride_elements}")
+    check_positive_int("stride_elements (1 = consecutive elements)", stride_elements)
     if element_bytes not in ELEMENT_BYTES:
         raise ValueError(f"element_bytes must be one of {ELEMENT_BYTES}, got {element_bytes}")
     if offset_bytes < 0 or offset_bytes % element_bytes:

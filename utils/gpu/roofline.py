@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from utils.gpu import hardware
 from utils.bench import matmul_flops
+from utils.validate import check_nonnegative, check_nonnegative_int, check_positive, check_positive_int
 
 BOUNDS = ("memory", "compute")
 SOFTMAX_FLOPS_PER_ELEMENT = 5.0
@@ -42,13 +43,11 @@ class OpCost:
 
 def _check_positive_ints(**values: int) -> None:
     for name, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_positive_int(name, value)
 
 
 def _check_dtype_bytes(dtype_bytes: float) -> None:
-    if isinstance(dtype_bytes, bool) or not isinstance(dtype_bytes, (int, float)) or not dtype_bytes > 0:
-        raise ValueError(f"dtype_bytes must be > 0 (4 for fp32, 2 for fp16/bf16, 1 for fp8), got {dtype_bytes!r}")
+    check_positive("dtype_bytes (4 for fp32, 2 for fp16/bf16, 1 for fp8)", dtype_bytes, finite=True)
 
 
 # --- operations ----------------------------------------------------------------------------------------------
@@ -80,10 +79,8 @@ def elementwise_cost(n_elements: int, flops_per_element: float, dtype_bytes: flo
     add ``z = x + y``: 1 FLOP, two inputs, one output.
     """
     _check_positive_ints(n_elements=n_elements, n_outputs=n_outputs)
-    if not isinstance(n_inputs, int) or isinstance(n_inputs, bool) or n_inputs < 0:
-        raise ValueError(f"n_inputs must be an int >= 0, got {n_inputs!r}")
-    if flops_per_element < 0:
-        raise ValueError(f"flops_per_element must be >= 0, got {flops_per_element}")
+    check_nonnegative_int("n_inputs", n_inputs)
+    check_nonnegative("flops_per_element", flops_per_element)
     _check_dtype_bytes(dtype_bytes)
     return OpCost(float(flops_per_element) * n_elements, float(n_inputs + n_outputs) * n_elements * dtype_bytes)
 
@@ -215,11 +212,10 @@ def place(intensity: float, gpu: str = "H100-SXM", precision: str = "bf16") -> P
     (:func:`utils.gpu.hardware.attainable_flops`); the bound is ``"memory"`` below
     the ridge point and ``"compute"`` at or above it.
     """
-    if isinstance(intensity, bool) or not isinstance(intensity, (int, float)) or not intensity > 0:
-        raise ValueError(f"intensity must be a number > 0 FLOPs/byte, got {intensity!r}")
+    check_positive("intensity (FLOPs/byte)", intensity)
     g = hardware.spec(gpu)
     peak = g.flops(precision)
-    ridge = peak / g.hbm_bandwidth
+    ridge = ridge_point(gpu, precision)
     attainable = hardware.attainable_flops(intensity, peak, g.hbm_bandwidth)
     return Placement(gpu, precision, float(intensity), attainable, peak, ridge,
                      "memory" if intensity < ridge else "compute")

@@ -31,10 +31,8 @@ from typing import Mapping, NamedTuple
 
 import numpy as np
 
-from utils.gpu.hardware import bytes_in_flight
-
-WARP_SIZE = 32
-"""Threads per warp on every NVIDIA GPU so far (CUDA C++ Programming Guide, "SIMT Architecture")."""
+from utils.gpu.hardware import WARP_SIZE, bytes_in_flight
+from utils.validate import check_nonnegative_int, check_positive, check_positive_int
 
 
 @dataclass(frozen=True)
@@ -52,16 +50,14 @@ class IssueSlot:
 
 def _check_costs(then_instructions: int, else_instructions: int) -> None:
     for value, what in ((then_instructions, "then_instructions"), (else_instructions, "else_instructions")):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"{what} must be an int >= 0 (instructions on that path), got {value!r}")
+        check_nonnegative_int(f"{what} (instructions on that path)", value)
     if then_instructions + else_instructions == 0:
         raise ValueError("then_instructions and else_instructions are both 0: a branch with no work on "
                          "either path has no efficiency; give at least one path an instruction")
 
 
 def _as_predicate(taken, warp_size: int) -> np.ndarray:
-    if not isinstance(warp_size, (int, np.integer)) or isinstance(warp_size, bool) or warp_size < 1:
-        raise ValueError(f"warp_size must be a positive int, got {warp_size!r}")
+    check_positive_int("warp_size", warp_size)
     taken = np.asarray(taken)
     if taken.dtype != bool or taken.ndim != 1:
         raise ValueError(f"taken must be a 1-D array of bools (one per thread: does it take the `if` path?), "
@@ -83,8 +79,7 @@ def branch_trace(taken, then_instructions: int, else_instructions: int,
     taken = _as_predicate(taken, max(np.asarray(taken).size, 1))
     _check_costs(then_instructions, else_instructions)
     for value, what in ((before, "before"), (after, "after")):
-        if not isinstance(value, (int, np.integer)) or value < 0:
-            raise ValueError(f"{what} must be an int >= 0, got {value!r}")
+        check_nonnegative_int(what, value)
     everyone = np.ones_like(taken)
     slots = [IssueSlot(f"before {i + 1}/{before}", everyone) for i in range(before)]
     if taken.any():
@@ -173,10 +168,8 @@ def warps_needed_per_sm(bandwidth_bytes_per_s: float, latency_seconds: float, sm
     """
     for value, what in ((sm_count, "sm_count"), (bytes_per_thread_per_load, "bytes_per_thread_per_load"),
                         (loads_in_flight_per_thread, "loads_in_flight_per_thread"), (warp_size, "warp_size")):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{what} must be a positive int, got {value!r}")
-    if bandwidth_bytes_per_s <= 0 or latency_seconds <= 0:
-        raise ValueError(f"bandwidth_bytes_per_s and latency_seconds must be > 0, got {bandwidth_bytes_per_s} "
-                         f"and {latency_seconds}")
+        check_positive_int(what, value)
+    check_positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+    check_positive("latency_seconds", latency_seconds)
     bytes_per_warp = warp_size * bytes_per_thread_per_load * loads_in_flight_per_thread
     return bytes_in_flight(bandwidth_bytes_per_s, latency_seconds) / sm_count / bytes_per_warp

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from utils.validate import check_nonnegative_int, check_positive_int
+
 
 def chunk_bounds(numel: int, n_chunks: int) -> list[tuple[int, int]]:
     """Split ``numel`` elements into ``n_chunks`` contiguous [start, end) ranges differing in size by at most 1.
@@ -26,8 +28,8 @@ def chunk_bounds(numel: int, n_chunks: int) -> list[tuple[int, int]]:
     The first ``numel % n_chunks`` chunks get one extra element; with fewer
     elements than chunks, the last chunks are empty.
     """
-    if numel < 0 or n_chunks < 1:
-        raise ValueError(f"need numel >= 0 and n_chunks >= 1, got numel={numel}, n_chunks={n_chunks}")
+    check_nonnegative_int("numel", numel)
+    check_positive_int("n_chunks", n_chunks)
     base, extra = divmod(numel, n_chunks)
     bounds, start = [], 0
     for i in range(n_chunks):

@@ -38,6 +38,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from utils.validate import check_nonnegative_int, check_positive, check_positive_int
+
 STRATEGIES = ("naive", "bucketed", "torch_ddp", "zero1", "fsdp2")
 """The ways :func:`train_data_parallel` can synchronise N ranks."""
 
@@ -62,11 +64,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("d_in", "d_hidden", "d_out", "n_layers", "batch_size", "n_steps"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+            check_positive_int(name, getattr(self, name))
+        check_positive("lr", self.lr, finite=True)
         if self.optimizer not in ("sgd", "adam"):
             raise ValueError(f"optimizer must be 'sgd' or 'adam', got {self.optimizer!r}")
 
@@ -149,8 +148,7 @@ def plan_buckets(nbytes: list[int], bucket_cap_bytes: int) -> list[list[int]]:
     arXiv:2006.15704, section 3.2.3). A tensor larger than the cap gets a bucket
     of its own. Every index appears exactly once.
     """
-    if not isinstance(bucket_cap_bytes, int) or bucket_cap_bytes < 1:
-        raise ValueError(f"bucket_cap_bytes must be a positive int, got {bucket_cap_bytes!r}")
+    check_positive_int("bucket_cap_bytes", bucket_cap_bytes)
     if any(n < 0 for n in nbytes):
         raise ValueError(f"tensor sizes must be >= 0 bytes, got {nbytes}")
     buckets: list[list[int]] = []
@@ -239,9 +237,10 @@ def shard_range(numel: int, rank: int, world_size: int) -> tuple[int, int]:
     Shards have ``ceil(numel / N)`` elements (the vector is padded to ``N`` of
     them, so collectives see equal sizes); the last shards may be short or empty.
     """
-    if numel < 0 or world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"need numel >= 0, world_size >= 1 and 0 <= rank < world_size, "
-                         f"got numel={numel}, rank={rank}, world_size={world_size}")
+    check_nonnegative_int("numel", numel)
+    check_positive_int("world_size", world_size)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
     size = -(-numel // world_size)
     return min(rank * size, numel), min((rank + 1) * size, numel)
 

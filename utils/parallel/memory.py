@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from utils.published import Published
+from utils.validate import check_nonnegative, check_positive, check_positive_int
+
 ZERO_STAGES = (0, 1, 2, 3)
 
 FP16_PARAM_BYTES = 2
@@ -25,24 +28,26 @@ FP16_GRAD_BYTES = 2
 ADAM_MIXED_PRECISION_OPTIMIZER_BYTES = 12
 """K for mixed-precision Adam: fp32 master weight + fp32 momentum + fp32 variance = 4 + 4 + 4 (ZeRO, section 3.1)."""
 
-ZERO_PAPER_FIGURES = (
-    # (what, n_params, n_gpus, stage, published GB per GPU, where in arXiv:1910.02054)
-    ("7.5B model, baseline DP", 7.5e9, 64, 0, 120.0, "Figure 1"),
-    ("7.5B model, P_os", 7.5e9, 64, 1, 31.4, "Figure 1"),
-    ("7.5B model, P_os+g", 7.5e9, 64, 2, 16.6, "Figure 1"),
-    ("7.5B model, P_os+g+p", 7.5e9, 64, 3, 1.9, "Figure 1"),
-    ("1T model on 1024 GPUs, P_os+g+p", 1e12, 1024, 3, 15.6, "section 5.4, Table 1"),
-)
-"""Model-state GB per GPU (1 GB = 1e9 bytes) published in the ZeRO paper, with K = 12."""
+_ZERO = "Rajbhandari et al., 'ZeRO: Memory Optimizations Toward Training Trillion Parameter Models', arXiv:1910.02054"
+_GB = "GB of model state per GPU (1 GB = 1e9 bytes)"
 
-ZERO_PAPER_LARGEST_MODELS_64_GPUS = (
-    # (stage, published largest model in parameters on 64 GPUs of 32 GB each; ZeRO section 5.4)
-    (1, 7.5e9),
-    (2, 14e9),
-    (3, 128e9),
+ZERO_PAPER_FIGURES: tuple[tuple[str, float, int, int, Published], ...] = (
+    # (what, n_params, n_gpus, stage, the published figure)
+    ("7.5B model, baseline DP", 7.5e9, 64, 0, Published(120.0, _GB, _ZERO + ", Figure 1")),
+    ("7.5B model, P_os", 7.5e9, 64, 1, Published(31.4, _GB, _ZERO + ", Figure 1")),
+    ("7.5B model, P_os+g", 7.5e9, 64, 2, Published(16.6, _GB, _ZERO + ", Figure 1")),
+    ("7.5B model, P_os+g+p", 7.5e9, 64, 3, Published(1.9, _GB, _ZERO + ", Figure 1")),
+    ("1T model on 1024 GPUs, P_os+g+p", 1e12, 1024, 3, Published(15.6, _GB, _ZERO + ", section 5.4, Table 1")),
 )
-"""ZeRO section 5.4: "with N_d = 64, ZeRO can train models with up to 7.5B, 14B, and 128B parameters using
-P_os, P_os+g, and P_os+g+p", on 32 GB V100 GPUs, counting model states only."""
+"""Model-state GB per GPU published in the ZeRO paper (mixed-precision Adam, K = 12), with the case it is for."""
+
+ZERO_PAPER_LARGEST_MODELS_64_GPUS: tuple[tuple[int, Published], ...] = tuple(
+    (stage, Published(n_params, "parameters, the largest model whose states fit on 64 GPUs of 32 GB",
+                      _ZERO + ", section 5.4"))
+    for stage, n_params in ((1, 7.5e9), (2, 14e9), (3, 128e9))
+)
+"""(stage, figure): ZeRO section 5.4, "with N_d = 64, ZeRO can train models with up to 7.5B, 14B, and 128B
+parameters using P_os, P_os+g, and P_os+g+p", on 32 GB V100 GPUs, counting model states only."""
 
 
 class ModelStateBytes(NamedTuple):
@@ -62,11 +67,6 @@ def _check_stage(stage: int) -> None:
         raise ValueError(f"stage must be one of {ZERO_STAGES} (0 = plain data parallelism), got {stage!r}")
 
 
-def _check_n_gpus(n_gpus: int) -> None:
-    if not isinstance(n_gpus, int) or isinstance(n_gpus, bool) or n_gpus < 1:
-        raise ValueError(f"n_gpus must be a positive int, got {n_gpus!r}")
-
-
 def zero_model_state_breakdown(
     n_params: float, n_gpus: int, stage: int, optimizer_bytes_per_param: float = 12
 ) -> ModelStateBytes:
@@ -77,12 +77,10 @@ def zero_model_state_breakdown(
     optimizer ``K Psi``; stage >= 1 divides the optimizer term by N_d, stage
     >= 2 also the gradients, stage 3 also the parameters.
     """
-    if n_params <= 0:
-        raise ValueError(f"n_params must be > 0, got {n_params}")
-    _check_n_gpus(n_gpus)
+    check_positive("n_params", n_params)
+    check_positive_int("n_gpus", n_gpus)
     _check_stage(stage)
-    if optimizer_bytes_per_param < 0:
-        raise ValueError(f"optimizer_bytes_per_param must be >= 0, got {optimizer_bytes_per_param}")
+    check_nonnegative("optimizer_bytes_per_param", optimizer_bytes_per_param)
     psi, k, nd = float(n_params), float(optimizer_bytes_per_param), n_gpus
     params, grads, optim = FP16_PARAM_BYTES * psi, FP16_GRAD_BYTES * psi, k * psi
     if stage >= 1:
@@ -119,8 +117,7 @@ def zero_max_params(
     ``(4 + K) / N_d`` for stage 3. Activations and buffers are not counted (ZeRO
     section 5.4 counts the same way).
     """
-    if memory_bytes_per_gpu <= 0:
-        raise ValueError(f"memory_bytes_per_gpu must be > 0, got {memory_bytes_per_gpu}")
+    check_positive("memory_bytes_per_gpu", memory_bytes_per_gpu)
     return memory_bytes_per_gpu / zero_model_state_bytes(1.0, n_gpus, stage, optimizer_bytes_per_param)
 
 
@@ -138,12 +135,11 @@ def zero_communication_volume(n_params: float, stage: int, n_gpus: int | None = 
     ``2 (N_d - 1) / N_d Psi`` or ``3 (N_d - 1) / N_d Psi``, and 0 on one GPU.
     Multiply by the bytes per element (2 for fp16) for bytes.
     """
-    if n_params <= 0:
-        raise ValueError(f"n_params must be > 0, got {n_params}")
+    check_positive("n_params", n_params)
     _check_stage(stage)
     collectives = 3 if stage == 3 else 2
     volume = collectives * float(n_params)
     if n_gpus is not None:
-        _check_n_gpus(n_gpus)
+        check_positive_int("n_gpus", n_gpus)
         volume *= (n_gpus - 1) / n_gpus
     return volume

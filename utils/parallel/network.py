@@ -18,16 +18,14 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Callable, Mapping
 
+from utils.validate import check_nonnegative, check_positive, check_positive_int
+
 
 def _check_collective_args(n: int, nbytes: float, bandwidth: float, latency: float) -> None:
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"n (the number of GPUs) must be a positive int, got {n!r}")
-    if nbytes < 0:
-        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-    if bandwidth <= 0:
-        raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth}")
-    if latency < 0:
-        raise ValueError(f"latency must be >= 0 seconds, got {latency}")
+    check_positive_int("n (the number of GPUs)", n)
+    check_nonnegative("nbytes", nbytes)
+    check_positive("bandwidth (bytes/s)", bandwidth)
+    check_nonnegative("latency (seconds)", latency)
 
 
 def ring_allreduce_time(n: int, nbytes: float, bandwidth: float, latency: float) -> float:
@@ -188,8 +186,7 @@ def bus_bandwidth_factor(collective: str, n: int) -> float:
     """
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; allowed: {', '.join(COLLECTIVES)}")
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"n (the number of ranks) must be a positive int, got {n!r}")
+    check_positive_int("n (the number of ranks)", n)
     if collective == "all_reduce":
         return 2 * (n - 1) / n
     if collective in ("reduce_scatter", "all_gather", "all_to_all"):
@@ -204,17 +201,14 @@ def algorithm_bandwidth(nbytes: float, seconds: float) -> float:
     broadcast or reduce; the *whole* gathered (or scattered) array of an
     all-gather or reduce-scatter, that is ``n`` times each rank's piece.
     """
-    if nbytes < 0:
-        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-    if not seconds > 0:
-        raise ValueError(f"seconds must be > 0, got {seconds}")
+    check_nonnegative("nbytes", nbytes)
+    check_positive("seconds", seconds)
     return nbytes / seconds
 
 
 def bus_bandwidth(collective: str, algbw: float, n: int) -> float:
     """busbw = ``algbw * bus_bandwidth_factor(collective, n)`` in the unit of ``algbw`` (nccl-tests)."""
-    if algbw < 0:
-        raise ValueError(f"algbw must be >= 0, got {algbw}")
+    check_nonnegative("algbw", algbw)
     return algbw * bus_bandwidth_factor(collective, n)
 
 

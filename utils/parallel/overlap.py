@@ -26,11 +26,11 @@ source (``torch/nn/parallel/distributed.py``, torch 2.13).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
 from utils.parallel.network import ring_allreduce_time
+from utils.validate import check_nonnegative, check_positive
 
 MIB = 1024 * 1024
 
@@ -50,13 +50,11 @@ def _check_sizes(grad_nbytes: Sequence[float]) -> None:
     if len(grad_nbytes) == 0:
         raise ValueError("grad_nbytes is empty; give one gradient size (bytes) per unit, in forward order")
     for i, n in enumerate(grad_nbytes):
-        if not n >= 0 or math.isinf(n):
-            raise ValueError(f"grad_nbytes[{i}] = {n}; gradient sizes must be finite numbers of bytes >= 0")
+        check_nonnegative(f"grad_nbytes[{i}] (bytes)", n, finite=True)
 
 
 def _check_cap(name: str, cap: float) -> None:
-    if not cap > 0:
-        raise ValueError(f"{name} must be > 0 bytes (float('inf') for a single bucket), got {cap}")
+    check_positive(f"{name} (bytes; float('inf') for a single bucket)", cap)
 
 
 def assign_buckets(
@@ -160,8 +158,7 @@ def ddp_timeline(
         raise ValueError(f"backward_seconds has {len(backward_seconds)} entries but grad_nbytes has "
                          f"{len(grad_nbytes)}; give one of each per unit, in forward order")
     for i, s in enumerate(backward_seconds):
-        if not s >= 0 or math.isinf(s):
-            raise ValueError(f"backward_seconds[{i}] = {s}; compute times must be finite seconds >= 0")
+        check_nonnegative(f"backward_seconds[{i}] (seconds of compute)", s, finite=True)
     # Validate the link once, even for a model whose buckets are all empty.
     ring_allreduce_time(n_gpus, 0.0, bandwidth_bytes_per_s, latency_seconds)
     buckets = assign_buckets(grad_nbytes, bucket_cap_nbytes, first_bucket_cap_nbytes)

@@ -17,7 +17,10 @@ Architecture", SIGCOMM 2008, whose edge/aggregation/core are our
 leaf/spine/core).
 
 Published figures used by the book live in :data:`PUBLISHED` and
-:data:`SUPERPOD_COMPUTE_FABRIC`, each with its source.
+:data:`SUPERPOD_COMPUTE_FABRIC`, each with its source. Two of them have their
+home in part 1's tables and are read from there: the H100's NVLink bandwidth
+(:data:`utils.gpu.hardware.GPUS`) and the GPUs per DGX H100 node
+(:data:`utils.gpu.memory_hierarchy.PUBLISHED`).
 """
 
 from __future__ import annotations
@@ -26,20 +29,14 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from utils.gpu import hardware, memory_hierarchy
 from utils.parallel.network import ring_allreduce_time
+from utils.published import Published
+from utils.validate import check_nonnegative, check_positive, check_positive_int
 
 # --------------------------------------------------------------------------
 # Published figures, with their sources
 # --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Published:
-    """A number quoted from a primary source: ``value`` in ``unit``, from ``source``."""
-
-    value: float
-    unit: str
-    source: str
 
 
 _H100_WP = "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022), fourth-generation NVLink"
@@ -53,14 +50,17 @@ _RA_B200 = ("NVIDIA DGX SuperPOD Reference Architecture featuring DGX B200 syste
 _ALFARES = "Al-Fares, Loukissas, Vahdat, 'A Scalable, Commodity Data Center Network Architecture', SIGCOMM 2008"
 _LLAMA3 = "Llama Team, 'The Llama 3 Herd of Models', arXiv:2407.21783, section 3.3.1 (network)"
 
+_H100 = hardware.spec("H100-SXM")
+
 PUBLISHED: dict[str, Published] = {
     "quantum2_ports": Published(64, "ports per switch", _QM9700),
     "quantum2_port_gbit_per_s": Published(400, "Gb/s per port (NDR)", _QM9700),
     "spectrum4_ports_800g": Published(64, "ports of 800GbE per switch", _SN5600),
     "spectrum4_ports_400g": Published(128, "ports of 400GbE per switch", _SN5600),
     "h100_nvlink_links": Published(18, "NVLink 4 links per GPU", _H100_WP),
-    "h100_nvlink_bytes_per_s": Published(900e9, "bytes/s per GPU, both directions together", _H100_WP),
-    "dgx_h100_gpus": Published(8, "GPUs per node", _DGX_UG),
+    "h100_nvlink_bytes_per_s": Published(_H100.nvlink_bandwidth, "bytes/s per GPU, both directions together",
+                                         next(s for s in _H100.sources if "NVLink" in s)),
+    "dgx_h100_gpus": memory_hierarchy.PUBLISHED["H100-SXM"]["gpus_per_node"],
     "dgx_h100_nvswitches": Published(4, "NVSwitch chips per node", _DGX_UG),
     "dgx_h100_compute_nics": Published(8, "ConnectX-7 ports for the compute fabric per node", _DGX_UG),
     "connectx7_gbit_per_s": Published(400, "Gb/s per port, each direction", _DGX_UG),
@@ -92,19 +92,13 @@ but says the fabric is built for the full SU, so ``gpu_ports`` is 256 per SU.
 
 def gbit_per_s_to_bytes_per_s(gbit_per_s: float) -> float:
     """Convert a link rate in Gb/s (10^9 bits per second) to bytes/s: ``gbit_per_s * 1e9 / 8``."""
-    if gbit_per_s < 0:
-        raise ValueError(f"gbit_per_s must be >= 0, got {gbit_per_s}")
+    check_nonnegative("gbit_per_s", gbit_per_s)
     return gbit_per_s * 1e9 / 8
 
 
 # --------------------------------------------------------------------------
 # Input checks
 # --------------------------------------------------------------------------
-
-
-def _check_positive_int(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 def _check_radix(radix: int) -> None:
@@ -124,13 +118,13 @@ def _check_tiers(tiers: int, allowed: tuple[int, ...] = (1, 2, 3)) -> None:
 
 def full_mesh_links(n: int) -> int:
     """Cables to wire ``n`` nodes each directly to every other: ``n (n - 1) / 2``."""
-    _check_positive_int("n", n)
+    check_positive_int("n", n)
     return n * (n - 1) // 2
 
 
 def full_mesh_ports_per_node(n: int) -> int:
     """Ports each node needs in a full mesh of ``n`` nodes: ``n - 1``."""
-    _check_positive_int("n", n)
+    check_positive_int("n", n)
     return n - 1
 
 
@@ -140,7 +134,7 @@ def worst_case_hops(tiers: int) -> int:
     Up to the top tier and back down: 1 (one switch), 3 (leaf-spine-leaf),
     5 (leaf-spine-core-spine-leaf).
     """
-    _check_positive_int("tiers", tiers)
+    check_positive_int("tiers", tiers)
     return 2 * tiers - 1
 
 
@@ -151,7 +145,7 @@ def fat_tree_max_hosts(radix: int, tiers: int) -> int:
     (Al-Fares et al., SIGCOMM 2008: k = 48 gives 27,648 hosts).
     """
     _check_radix(radix)
-    _check_positive_int("tiers", tiers)
+    check_positive_int("tiers", tiers)
     return 2 * (radix // 2) ** tiers
 
 
@@ -162,7 +156,7 @@ def fat_tree_switches(radix: int, tiers: int) -> int:
     SIGCOMM 2008, section 3: k pods of k/2 edge and k/2 aggregation switches, plus (k/2)^2 cores).
     """
     _check_radix(radix)
-    _check_positive_int("tiers", tiers)
+    check_positive_int("tiers", tiers)
     return (2 * tiers - 1) * (radix // 2) ** (tiers - 1)
 
 
@@ -173,9 +167,7 @@ def leaf_ports(radix: int, oversubscription: float = 1.0) -> tuple[int, int]:
     ``down = floor(k r / (r + 1))`` and ``up = k - down`` (``r = 1``: half and half).
     """
     _check_radix(radix)
-    if not (isinstance(oversubscription, (int, float)) and not isinstance(oversubscription, bool)
-            and math.isfinite(oversubscription) and oversubscription > 0):
-        raise ValueError(f"oversubscription (downlinks : uplinks) must be a number > 0, got {oversubscription!r}")
+    check_positive("oversubscription (downlinks : uplinks)", oversubscription, finite=True)
     down = math.floor(radix * oversubscription / (oversubscription + 1) + 1e-9)
     up = radix - down
     if down < 1 or up < 1:
@@ -250,7 +242,7 @@ def _smallest_divisor_at_least(n: int, lower: int) -> int:
 
 
 def _check_fits(n_hosts: int, radix: int, tiers: int, oversubscription: float) -> int:
-    _check_positive_int("n_hosts", n_hosts)
+    check_positive_int("n_hosts", n_hosts)
     limit = max_hosts(radix, tiers, oversubscription)
     if n_hosts > limit:
         raise ValueError(
@@ -325,7 +317,7 @@ def clos(n_hosts: int, radix: int, tiers: int, oversubscription: float = 1.0) ->
 
 def min_tiers(n_hosts: int, radix: int, oversubscription: float = 1.0) -> int:
     """The fewest tiers (1, 2 or 3) whose fabric fits ``n_hosts`` hosts; ``ValueError`` if even 3 do not."""
-    _check_positive_int("n_hosts", n_hosts)
+    check_positive_int("n_hosts", n_hosts)
     for tiers in (1, 2, 3):
         if n_hosts <= max_hosts(radix, tiers, oversubscription):
             return tiers
@@ -419,8 +411,8 @@ def ecmp_expected_busy_paths(flows: int, paths: int) -> float:
     independently and uniformly: ``paths (1 - (1 - 1/paths)^flows)`` (balls into bins).
     The other paths sit idle while some carry two or more flows.
     """
-    _check_positive_int("flows", flows)
-    _check_positive_int("paths", paths)
+    check_positive_int("flows", flows)
+    check_positive_int("paths", paths)
     return paths * (1 - (1 - 1 / paths) ** flows)
 
 
@@ -431,16 +423,13 @@ def ecmp_expected_busy_paths(flows: int, paths: int) -> float:
 
 def _check_two_level(nbytes: float, gpus_per_node: int, n_nodes: int, intra_bandwidth: float,
                      intra_latency: float, inter_bandwidth: float, inter_latency: float) -> None:
-    _check_positive_int("gpus_per_node", gpus_per_node)
-    _check_positive_int("n_nodes", n_nodes)
-    if nbytes < 0:
-        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-    for name, bw in (("intra_bandwidth", intra_bandwidth), ("inter_bandwidth", inter_bandwidth)):
-        if bw <= 0:
-            raise ValueError(f"{name} must be > 0 bytes/s, got {bw}")
-    for name, lat in (("intra_latency", intra_latency), ("inter_latency", inter_latency)):
-        if lat < 0:
-            raise ValueError(f"{name} must be >= 0 seconds, got {lat}")
+    check_positive_int("gpus_per_node", gpus_per_node)
+    check_positive_int("n_nodes", n_nodes)
+    check_nonnegative("nbytes", nbytes)
+    check_positive("intra_bandwidth (bytes/s)", intra_bandwidth)
+    check_positive("inter_bandwidth (bytes/s)", inter_bandwidth)
+    check_nonnegative("intra_latency (seconds)", intra_latency)
+    check_nonnegative("inter_latency (seconds)", inter_latency)
 
 
 def hierarchical_allreduce_time(nbytes: float, gpus_per_node: int, n_nodes: int,

@@ -21,9 +21,11 @@ peak FLOP/s of GPUs are in :data:`utils.gpu.hardware.GPUS`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
+
+from utils.published import Published
+from utils.validate import check_positive, check_positive_int
 
 FORWARD_FLOPS_PER_PARAM_PER_TOKEN = 2
 """One multiply and one add per parameter per token (Kaplan et al., arXiv:2001.08361, section 2.1)."""
@@ -35,15 +37,6 @@ TRAINING_FLOPS_PER_PARAM_PER_TOKEN = FORWARD_FLOPS_PER_PARAM_PER_TOKEN + BACKWAR
 
 SECONDS_PER_DAY = 86_400.0
 SECONDS_PER_YEAR = 365.25 * SECONDS_PER_DAY
-
-
-@dataclass(frozen=True)
-class Published:
-    """One published figure: its value, its unit, and where it was printed."""
-
-    value: float
-    unit: str
-    source: str
 
 
 _GPT3 = "Brown et al., 'Language Models are Few-Shot Learners', arXiv:2005.14165"
@@ -66,8 +59,7 @@ PUBLISHED: Mapping[str, Published] = MappingProxyType({
 
 def _check_positive(**values: float) -> None:
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        check_positive(name, value)
 
 
 def forward_flops(n_params: float, n_tokens: float) -> float:
@@ -100,8 +92,7 @@ def training_seconds(flops: float, n_gpus: int, peak_flops_per_gpu: float, mfu: 
     (Chowdhery et al., arXiv:2204.02311, appendix B).
     """
     _check_positive(flops=flops, peak_flops_per_gpu=peak_flops_per_gpu, mfu=mfu)
-    if not isinstance(n_gpus, int) or isinstance(n_gpus, bool) or n_gpus < 1:
-        raise ValueError(f"n_gpus must be a positive int, got {n_gpus!r}")
+    check_positive_int("n_gpus", n_gpus)
     if mfu > 1:
         raise ValueError(f"mfu is a fraction of peak and must be in (0, 1], got {mfu}")
     return float(flops) / (n_gpus * float(peak_flops_per_gpu) * float(mfu))
@@ -117,6 +108,5 @@ def model_flops_utilization(n_params: float, n_tokens: float, seconds: float, n_
     For a throughput of ``t`` tokens/s per GPU, pass ``n_tokens=t, seconds=1, n_gpus=1``.
     """
     _check_positive(seconds=seconds, peak_flops_per_gpu=peak_flops_per_gpu)
-    if not isinstance(n_gpus, int) or isinstance(n_gpus, bool) or n_gpus < 1:
-        raise ValueError(f"n_gpus must be a positive int, got {n_gpus!r}")
+    check_positive_int("n_gpus", n_gpus)
     return training_flops(n_params, n_tokens) / (float(seconds) * n_gpus * float(peak_flops_per_gpu))
