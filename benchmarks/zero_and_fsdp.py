@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from benchmarks.ddp_from_scratch import check_and_report, parse_args, run
-from utils.parallel import data_parallel as dp
+from utils.parallel import harness
 from utils.parallel.memory import zero_model_state_bytes
 
 K = 8  # fp32 Adam: momentum and variance, 4 bytes each
@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if results is None:
         return
     check_and_report(config, world_size, results)
-    model = dp.make_mlp(config)
+    model = harness.make_mlp(config)
     psi = sum(p.numel() for p in model.parameters())
     plain = results["naive"]
     zero1_formula = zero_model_state_bytes(psi, world_size, 1, K) - zero_model_state_bytes(psi, world_size, 1, 0)

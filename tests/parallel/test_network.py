@@ -1,3 +1,5 @@
+"""utils.parallel.network: the alpha-beta cost models of all-reduce, one level and two."""
+
 import math
 
 import pytest
@@ -6,15 +8,12 @@ from hypothesis import strategies as st
 
 from utils.parallel.network import (
     ALLREDUCE_COST_MODELS,
-    COLLECTIVES,
-    algorithm_bandwidth,
-    allreduce_bus_bandwidth,
     allreduce_lower_bound_time,
-    bus_bandwidth,
-    bus_bandwidth_factor,
     direct_allreduce_time,
     double_binary_tree_allreduce_time,
     double_binary_tree_pipeline_blocks,
+    flat_ring_allreduce_time,
+    hierarchical_allreduce_time,
     naive_allreduce_time,
     ring_allreduce_time,
     tree_allreduce_time,
@@ -105,51 +104,55 @@ def test_ring_wins_large_buffers_trees_win_small_ones_at_scale():
     assert double_binary_tree_allreduce_time(1024, 1e6, BW, ALPHA) < ring_allreduce_time(1024, 1e6, BW, ALPHA) / 10
 
 
-# --- algorithm and bus bandwidth (nccl-tests doc/PERFORMANCE.md) ---------------------------------------
-
-
-@pytest.mark.parametrize("collective, n, factor", [
-    ("all_reduce", 8, 2 * 7 / 8), ("all_reduce", 2, 1.0), ("all_reduce", 1, 0.0),
-    ("reduce_scatter", 8, 7 / 8), ("all_gather", 8, 7 / 8), ("all_to_all", 4, 3 / 4),
-    ("broadcast", 8, 1.0), ("reduce", 8, 1.0),
-])
-def test_nccl_tests_bus_bandwidth_factors(collective, n, factor):
-    assert bus_bandwidth_factor(collective, n) == pytest.approx(factor)
-
-
-def test_every_collective_has_a_factor_at_most_two():
-    for collective in COLLECTIVES:
-        assert 0 <= bus_bandwidth_factor(collective, 1024) < 2
-
-
-def test_bus_bandwidth_of_an_8_gpu_all_reduce():
-    # 1 GB in 10 ms: algbw 100 GB/s, busbw 175 GB/s.
-    algbw = algorithm_bandwidth(1e9, 0.01)
-    assert algbw == pytest.approx(100e9)
-    assert allreduce_bus_bandwidth(algbw, 8) == pytest.approx(175e9)
-    assert bus_bandwidth("all_gather", algbw, 8) == pytest.approx(87.5e9)
-
-
-@given(st.integers(2, 4096), st.floats(1e3, 1e12))
-def test_ring_bus_bandwidth_is_the_link_bandwidth_for_any_n(n, nbytes):
-    # The point of busbw: an ideal ring measures the link bandwidth whatever the number of ranks.
-    algbw = algorithm_bandwidth(nbytes, ring_allreduce_time(n, nbytes, BW, 0.0))
-    assert allreduce_bus_bandwidth(algbw, n) == pytest.approx(BW)
-
-
 @pytest.mark.parametrize("call", [
-    lambda: bus_bandwidth_factor("allreduce", 8),
-    lambda: bus_bandwidth_factor("all_reduce", 0),
-    lambda: bus_bandwidth("all_reduce", -1.0, 8),
-    lambda: algorithm_bandwidth(1e9, 0),
-    lambda: algorithm_bandwidth(-1, 1),
     lambda: tree_allreduce_time(0, 1e9, BW, ALPHA),
     lambda: naive_allreduce_time(8, -1, BW, ALPHA),
     lambda: direct_allreduce_time(8, 1e9, 0, ALPHA),
     lambda: double_binary_tree_allreduce_time(8, 1e9, BW, -1e-6),
     lambda: double_binary_tree_allreduce_time(8, 1e9, BW, ALPHA, blocks=0.5),
     lambda: allreduce_lower_bound_time(8, 1e9, 0),
+    lambda: hierarchical_allreduce_time(-1, 8, 2, 1, 0, 1, 0),
+    lambda: hierarchical_allreduce_time(1, 8, 2, 0, 0, 1, 0),
+    lambda: hierarchical_allreduce_time(1, 8, 2, 1, -1, 1, 0),
+    lambda: flat_ring_allreduce_time(1, 8, 2, 1, 0, 1, 0, rings=9),
+    lambda: flat_ring_allreduce_time(1, 0, 2, 1, 0, 1, 0),
 ])
 def test_bad_collective_input_raises(call):
     with pytest.raises(ValueError):
         call()
+
+
+# --- two-level all-reduce ----------------------------------------------------
+
+H100 = dict(intra_bandwidth=450e9, intra_latency=0.0, inter_bandwidth=50e9, inter_latency=0.0)
+
+
+def test_hierarchical_formula_by_hand():
+    # 8 GPUs per node, 32 nodes, 1 GB: 2*7/8 * 1e9 / 450e9 + 2*31/32 * (1e9/8) / 50e9
+    t = hierarchical_allreduce_time(1e9, 8, 32, **H100)
+    assert t == pytest.approx(1.75 / 450 + 2 * 31 / 32 * 0.125 / 50)
+
+
+def test_hierarchical_reduces_to_one_level():
+    assert hierarchical_allreduce_time(1e9, 8, 1, 450e9, 2e-6, 50e9, 5e-6) == pytest.approx(
+        ring_allreduce_time(8, 1e9, 450e9, 2e-6))
+    assert hierarchical_allreduce_time(1e9, 1, 16, 450e9, 2e-6, 50e9, 5e-6) == pytest.approx(
+        ring_allreduce_time(16, 1e9, 50e9, 5e-6))
+
+
+def test_flat_single_ring_is_paced_by_the_slow_link():
+    assert flat_ring_allreduce_time(1e9, 8, 32, 450e9, 2e-6, 50e9, 5e-6) == pytest.approx(
+        ring_allreduce_time(256, 1e9, 50e9, 5e-6))
+    assert flat_ring_allreduce_time(1e9, 8, 1, 450e9, 2e-6, 50e9, 5e-6, rings=8) == pytest.approx(
+        ring_allreduce_time(8, 1e9, 450e9, 2e-6))
+    # eight rings, one per NIC: each carries 1/8 of the data over its own 50 GB/s link
+    assert flat_ring_allreduce_time(1e9, 8, 32, **H100, rings=8) == pytest.approx(
+        ring_allreduce_time(256, 1e9 / 8, 50e9, 0.0))
+
+
+@given(st.integers(2, 16), st.integers(2, 512), st.floats(1e3, 1e11),
+       st.floats(1e9, 1e12), st.floats(0, 1e-5), st.floats(0.05, 1.0), st.floats(1.0, 10.0))
+def test_hierarchical_never_slower_than_one_flat_ring_when_inside_is_faster(
+        g, nodes, nbytes, intra_bw, intra_lat, bw_ratio, lat_ratio):
+    args = (nbytes, g, nodes, intra_bw, intra_lat, intra_bw * bw_ratio, intra_lat * lat_ratio)
+    assert hierarchical_allreduce_time(*args) <= flat_ring_allreduce_time(*args) * (1 + 1e-9)

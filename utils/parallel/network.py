@@ -8,8 +8,11 @@ steps and the bytes each step sends (Thakur, Rabenseifner and Gropp,
 
 Here: the ring (:func:`ring_allreduce_time`) and the other all-reduce
 algorithms it is compared with (naive, direct, binomial tree, double binary
-tree; all in :data:`ALLREDUCE_COST_MODELS`), the bandwidth lower bound, and the
-algorithm and bus bandwidths that nccl-tests reports (:func:`bus_bandwidth`).
+tree; all in :data:`ALLREDUCE_COST_MODELS`), the bandwidth lower bound, and
+all-reduce across two levels, NVLink inside a node and a scale-out fabric
+between nodes (:func:`hierarchical_allreduce_time`,
+:func:`flat_ring_allreduce_time`). The algorithm and bus bandwidths that
+nccl-tests reports are in :mod:`utils.parallel.bandwidth`.
 Bandwidths are in bytes/s, latencies and times in seconds, sizes in bytes.
 """
 
@@ -43,7 +46,7 @@ def ring_allreduce_time(n: int, nbytes: float, bandwidth: float, latency: float)
     return 2 * (n - 1) * latency + 2 * (n - 1) / n * nbytes / bandwidth
 
 
-# --- Other all-reduce algorithms, in the same alpha-beta model -------------------------------------------
+# --- Other all-reduce algorithms, in the same alpha-beta model --------------------------------------------
 #
 # Every model below prices a message of m bytes at ``latency + m / bandwidth`` and lets each GPU send one
 # message and receive one message at a time (full-duplex links). The local additions of a reduction are
@@ -169,49 +172,67 @@ ALLREDUCE_COST_MODELS: Mapping[str, Callable[[int, float, float, float], float]]
 """The all-reduce cost models of this module by name, each ``f(n, nbytes, bandwidth, latency) -> seconds``."""
 
 
-# --- Algorithm bandwidth and bus bandwidth (nccl-tests) ---------------------------------------------------
-
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
-"""Collectives that nccl-tests reports a bus bandwidth for (NCCL's five, plus all-to-all)."""
+# --- All-reduce across two levels: NVLink inside nodes, scale-out between them ----------------------------
 
 
-def bus_bandwidth_factor(collective: str, n: int) -> float:
-    """busbw / algbw for ``collective`` on ``n`` ranks, as nccl-tests computes it.
-
-    NVIDIA nccl-tests, doc/PERFORMANCE.md, "Summary": all-reduce ``2(n-1)/n``;
-    reduce-scatter, all-gather and all-to-all ``(n-1)/n``; broadcast and reduce
-    ``1``. The factor turns the algorithm bandwidth into the bandwidth each
-    rank's link sustained, which can be compared with the hardware's peak
-    whatever ``n`` is.
-    """
-    if collective not in COLLECTIVES:
-        raise ValueError(f"unknown collective {collective!r}; allowed: {', '.join(COLLECTIVES)}")
-    check_positive_int("n (the number of ranks)", n)
-    if collective == "all_reduce":
-        return 2 * (n - 1) / n
-    if collective in ("reduce_scatter", "all_gather", "all_to_all"):
-        return (n - 1) / n
-    return 1.0
-
-
-def algorithm_bandwidth(nbytes: float, seconds: float) -> float:
-    """algbw = ``nbytes / seconds`` in bytes/s (nccl-tests, doc/PERFORMANCE.md).
-
-    ``nbytes`` is the size S of the operation: the buffer of an all-reduce,
-    broadcast or reduce; the *whole* gathered (or scattered) array of an
-    all-gather or reduce-scatter, that is ``n`` times each rank's piece.
-    """
+def _check_two_level(nbytes: float, gpus_per_node: int, n_nodes: int, intra_bandwidth: float,
+                     intra_latency: float, inter_bandwidth: float, inter_latency: float) -> None:
+    check_positive_int("gpus_per_node", gpus_per_node)
+    check_positive_int("n_nodes", n_nodes)
     check_nonnegative("nbytes", nbytes)
-    check_positive("seconds", seconds)
-    return nbytes / seconds
+    check_positive("intra_bandwidth (bytes/s)", intra_bandwidth)
+    check_positive("inter_bandwidth (bytes/s)", inter_bandwidth)
+    check_nonnegative("intra_latency (seconds)", intra_latency)
+    check_nonnegative("inter_latency (seconds)", inter_latency)
 
 
-def bus_bandwidth(collective: str, algbw: float, n: int) -> float:
-    """busbw = ``algbw * bus_bandwidth_factor(collective, n)`` in the unit of ``algbw`` (nccl-tests)."""
-    check_nonnegative("algbw", algbw)
-    return algbw * bus_bandwidth_factor(collective, n)
+def hierarchical_allreduce_time(nbytes: float, gpus_per_node: int, n_nodes: int,
+                                intra_bandwidth: float, intra_latency: float,
+                                inter_bandwidth: float, inter_latency: float) -> float:
+    """Seconds for a two-level all-reduce of ``nbytes`` per GPU over ``n_nodes`` nodes of ``gpus_per_node`` GPUs.
+
+    1. reduce-scatter inside each node (ring over NVLink): each GPU ends with
+       the node's sum of one ``1/g`` shard;
+    2. all-reduce of that shard (``nbytes / g``) across nodes, among the GPUs
+       of equal local rank, each through its own NIC;
+    3. all-gather inside each node.
+
+    Steps 1 and 3 together cost one intra-node ring all-reduce, so with
+    :func:`ring_allreduce_time` (phases run one after the other, no overlap):
+    ``ring(g, nbytes, B_intra, a_intra) + ring(N, nbytes / g, B_inter, a_inter)``.
+    Bandwidths are each GPU's send bandwidth in bytes/s (one direction).
+    """
+    _check_two_level(nbytes, gpus_per_node, n_nodes, intra_bandwidth, intra_latency,
+                     inter_bandwidth, inter_latency)
+    inside = ring_allreduce_time(gpus_per_node, nbytes, intra_bandwidth, intra_latency)
+    across = ring_allreduce_time(n_nodes, nbytes / gpus_per_node, inter_bandwidth, inter_latency)
+    return inside + across
 
 
-def allreduce_bus_bandwidth(algbw: float, n: int) -> float:
-    """All-reduce bus bandwidth: ``algbw * 2(n-1)/n`` (nccl-tests, doc/PERFORMANCE.md)."""
-    return bus_bandwidth("all_reduce", algbw, n)
+def flat_ring_allreduce_time(nbytes: float, gpus_per_node: int, n_nodes: int,
+                             intra_bandwidth: float, intra_latency: float,
+                             inter_bandwidth: float, inter_latency: float, rings: int = 1) -> float:
+    """Seconds for a flat ring all-reduce over all ``g N`` GPUs, ordered node by node.
+
+    The data is split over ``rings`` parallel rings (1 <= rings <= g), each
+    leaving every node through its own NIC. A ring step moves one chunk
+    ``c = nbytes / (rings g N)`` over every hop at once and lasts as long as its
+    slowest hop: ``max(a_intra + c rings / B_intra, a_inter + c / B_inter)``
+    (the NVLink bandwidth of a GPU is shared by its rings). The ring takes
+    ``2 (g N - 1)`` steps, as in :func:`ring_allreduce_time`,
+    which this equals when ``N = 1`` or when one ring is paced by the
+    inter-node link. Bandwidths are per GPU, one direction, in bytes/s.
+    """
+    _check_two_level(nbytes, gpus_per_node, n_nodes, intra_bandwidth, intra_latency,
+                     inter_bandwidth, inter_latency)
+    if not isinstance(rings, int) or isinstance(rings, bool) or not 1 <= rings <= gpus_per_node:
+        raise ValueError(f"rings must be an int from 1 to gpus_per_node={gpus_per_node} "
+                         f"(one NIC per GPU), got {rings!r}")
+    n = gpus_per_node * n_nodes
+    if n == 1:
+        return 0.0
+    chunk = nbytes / (rings * n)
+    step = intra_latency + chunk * rings / intra_bandwidth if gpus_per_node > 1 else 0.0
+    if n_nodes > 1:
+        step = max(step, inter_latency + chunk / inter_bandwidth)
+    return 2 * (n - 1) * step

@@ -1,10 +1,13 @@
-"""How GPUs are wired together: switch fabrics, what they cost, and all-reduce across two levels.
+"""How GPUs are wired together: switch fabrics and what they cost.
 
 A cluster has two networks. *Scale-up* links (NVLink through NVSwitch) join
 the few GPUs of one node at hundreds of GB/s; a *scale-out* fabric
 (InfiniBand or Ethernet) joins the nodes through layers of switches, each with
-a fixed number of ports, its *radix* ``k``. This module sizes such fabrics and
-prices an all-reduce across the two levels.
+a fixed number of ports, its *radix* ``k``. This module sizes such fabrics:
+switches and cables per tier, and the hops between two hosts. The cables
+themselves and the paths through them are in :mod:`utils.parallel.wiring`;
+the price of an all-reduce across the two levels in
+:func:`utils.parallel.network.hierarchical_allreduce_time`.
 
 Fabrics here are folded Clos networks (Clos, "A study of non-blocking switching
 networks", Bell System Technical Journal 32(2), 1953) built from identical
@@ -26,18 +29,13 @@ home in part 1's tables and are read from there: the H100's NVLink bandwidth
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass
 
 from utils.gpu import hardware, memory_hierarchy
-from utils.parallel.network import ring_allreduce_time
 from utils.published import Published
-from utils.validate import check_nonnegative, check_positive, check_positive_int
+from utils.validate import check_positive, check_positive_int
 
-# --------------------------------------------------------------------------
-# Published figures, with their sources
-# --------------------------------------------------------------------------
-
+# --- Published figures, with their sources ----------------------------------------------------------------
 
 _H100_WP = "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022), fourth-generation NVLink"
 _DGX_UG = "NVIDIA DGX H100 User Guide, hardware overview"
@@ -90,17 +88,6 @@ but says the fabric is built for the full SU, so ``gpu_ports`` is 256 per SU.
 """
 
 
-def gbit_per_s_to_bytes_per_s(gbit_per_s: float) -> float:
-    """Convert a link rate in Gb/s (10^9 bits per second) to bytes/s: ``gbit_per_s * 1e9 / 8``."""
-    check_nonnegative("gbit_per_s", gbit_per_s)
-    return gbit_per_s * 1e9 / 8
-
-
-# --------------------------------------------------------------------------
-# Input checks
-# --------------------------------------------------------------------------
-
-
 def _check_radix(radix: int) -> None:
     if not isinstance(radix, int) or isinstance(radix, bool) or radix < 2 or radix % 2:
         raise ValueError(f"radix (ports per switch) must be an even int >= 2, got {radix!r}")
@@ -111,9 +98,7 @@ def _check_tiers(tiers: int, allowed: tuple[int, ...] = (1, 2, 3)) -> None:
         raise ValueError(f"tiers must be one of {allowed}, got {tiers!r}")
 
 
-# --------------------------------------------------------------------------
-# Direct wiring and the closed forms of the fat tree
-# --------------------------------------------------------------------------
+# --- Direct wiring and the closed forms of the fat tree ---------------------------------------------------
 
 
 def full_mesh_links(n: int) -> int:
@@ -192,9 +177,7 @@ def max_hosts(radix: int, tiers: int, oversubscription: float = 1.0) -> int:
     return radix * down if tiers == 2 else radix * (radix // 2) * down
 
 
-# --------------------------------------------------------------------------
-# Building a fabric for a given number of hosts
-# --------------------------------------------------------------------------
+# --- Building a fabric for a given number of hosts --------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -323,162 +306,3 @@ def min_tiers(n_hosts: int, radix: int, oversubscription: float = 1.0) -> int:
             return tiers
     raise ValueError(f"{n_hosts} hosts need more than 3 tiers of radix-{radix} switches "
                      f"(3 tiers hold {max_hosts(radix, 3, oversubscription)}); use a larger radix")
-
-
-# --------------------------------------------------------------------------
-# Explicit wiring of small fabrics, and paths through them
-# --------------------------------------------------------------------------
-
-Node = tuple[str, int]
-"""A node of a wiring: ``("host", i)``, ``("leaf", i)``, ``("spine", i)`` or ``("core", i)``."""
-
-MAX_WIRED_HOSTS = 4096
-
-
-def wiring(fabric: Fabric) -> list[tuple[Node, Node]]:
-    """Every cable of ``fabric`` as a (lower, upper) pair of nodes; parallel cables repeat.
-
-    Host ``i`` plugs into leaf ``i // hosts_per_leaf``. Only for fabrics of at
-    most :data:`MAX_WIRED_HOSTS` hosts (the list has one entry per cable).
-    """
-    if not isinstance(fabric, Fabric):
-        raise ValueError(f"fabric must be a Fabric (build one with clos()), got {type(fabric).__name__}")
-    if fabric.n_hosts > MAX_WIRED_HOSTS:
-        raise ValueError(f"wiring lists every cable; use at most {MAX_WIRED_HOSTS} hosts, got {fabric.n_hosts}")
-    d, u, k = fabric.hosts_per_leaf, fabric.uplinks_per_leaf, fabric.radix
-    links: list[tuple[Node, Node]] = [(("host", i), ("leaf", i // d)) for i in range(fabric.n_hosts)]
-    if fabric.tiers == 1:
-        return [(h, ("leaf", 0)) for h, _ in links]
-    leaves = fabric.switches_per_tier[0]
-    if fabric.tiers == 2:
-        spines = fabric.switches_per_tier[1]
-        for leaf in range(leaves):
-            for spine in range(spines):
-                links += [(("leaf", leaf), ("spine", spine))] * (u // spines)
-        return links
-    half = k // 2
-    group = fabric.switches_per_tier[2] // u
-    for leaf in range(leaves):
-        pod = leaf // half
-        links += [(("leaf", leaf), ("spine", pod * u + j)) for j in range(u)]
-    for spine in range(fabric.switches_per_tier[1]):
-        j = spine % u
-        for c in range(group):
-            links += [(("spine", spine), ("core", j * group + c))] * (half // group)
-    return links
-
-
-def shortest_path(links: list[tuple[Node, Node]], src: Node, dst: Node) -> list[Node]:
-    """The nodes of a shortest path from ``src`` to ``dst`` through ``links`` (breadth-first search).
-
-    Ties go to the lowest-numbered neighbour, so the path is deterministic.
-    The number of switches crossed is ``len(path) - 2`` between two hosts.
-    """
-    neighbours: dict[Node, set[Node]] = {}
-    for a, b in links:
-        neighbours.setdefault(a, set()).add(b)
-        neighbours.setdefault(b, set()).add(a)
-    for node in (src, dst):
-        if node not in neighbours:
-            raise ValueError(f"{node} is not connected to anything in these links")
-    parent: dict[Node, Node | None] = {src: None}
-    queue = deque([src])
-    while queue:
-        node = queue.popleft()
-        if node == dst:
-            break
-        for nxt in sorted(neighbours[node]):
-            if nxt not in parent:
-                parent[nxt] = node
-                queue.append(nxt)
-    if dst not in parent:
-        raise ValueError(f"{dst} cannot be reached from {src}")
-    path = [dst]
-    while parent[path[-1]] is not None:
-        path.append(parent[path[-1]])
-    return path[::-1]
-
-
-# --------------------------------------------------------------------------
-# Static (hash-based) routing: collisions of big flows
-# --------------------------------------------------------------------------
-
-
-def ecmp_expected_busy_paths(flows: int, paths: int) -> float:
-    """Expected number of paths that carry at least one flow when ``flows`` flows are hashed onto ``paths``.
-
-    Equal-cost multi-path routing picks a path per flow by hashing its header,
-    independently and uniformly: ``paths (1 - (1 - 1/paths)^flows)`` (balls into bins).
-    The other paths sit idle while some carry two or more flows.
-    """
-    check_positive_int("flows", flows)
-    check_positive_int("paths", paths)
-    return paths * (1 - (1 - 1 / paths) ** flows)
-
-
-# --------------------------------------------------------------------------
-# All-reduce across two levels: NVLink inside nodes, scale-out between them
-# --------------------------------------------------------------------------
-
-
-def _check_two_level(nbytes: float, gpus_per_node: int, n_nodes: int, intra_bandwidth: float,
-                     intra_latency: float, inter_bandwidth: float, inter_latency: float) -> None:
-    check_positive_int("gpus_per_node", gpus_per_node)
-    check_positive_int("n_nodes", n_nodes)
-    check_nonnegative("nbytes", nbytes)
-    check_positive("intra_bandwidth (bytes/s)", intra_bandwidth)
-    check_positive("inter_bandwidth (bytes/s)", inter_bandwidth)
-    check_nonnegative("intra_latency (seconds)", intra_latency)
-    check_nonnegative("inter_latency (seconds)", inter_latency)
-
-
-def hierarchical_allreduce_time(nbytes: float, gpus_per_node: int, n_nodes: int,
-                                intra_bandwidth: float, intra_latency: float,
-                                inter_bandwidth: float, inter_latency: float) -> float:
-    """Seconds for a two-level all-reduce of ``nbytes`` per GPU over ``n_nodes`` nodes of ``gpus_per_node`` GPUs.
-
-    1. reduce-scatter inside each node (ring over NVLink): each GPU ends with
-       the node's sum of one ``1/g`` shard;
-    2. all-reduce of that shard (``nbytes / g``) across nodes, among the GPUs
-       of equal local rank, each through its own NIC;
-    3. all-gather inside each node.
-
-    Steps 1 and 3 together cost one intra-node ring all-reduce, so with
-    :func:`utils.parallel.network.ring_allreduce_time` (phases run one after the other, no overlap):
-    ``ring(g, nbytes, B_intra, a_intra) + ring(N, nbytes / g, B_inter, a_inter)``.
-    Bandwidths are each GPU's send bandwidth in bytes/s (one direction).
-    """
-    _check_two_level(nbytes, gpus_per_node, n_nodes, intra_bandwidth, intra_latency,
-                     inter_bandwidth, inter_latency)
-    inside = ring_allreduce_time(gpus_per_node, nbytes, intra_bandwidth, intra_latency)
-    across = ring_allreduce_time(n_nodes, nbytes / gpus_per_node, inter_bandwidth, inter_latency)
-    return inside + across
-
-
-def flat_ring_allreduce_time(nbytes: float, gpus_per_node: int, n_nodes: int,
-                             intra_bandwidth: float, intra_latency: float,
-                             inter_bandwidth: float, inter_latency: float, rings: int = 1) -> float:
-    """Seconds for a flat ring all-reduce over all ``g N`` GPUs, ordered node by node.
-
-    The data is split over ``rings`` parallel rings (1 <= rings <= g), each
-    leaving every node through its own NIC. A ring step moves one chunk
-    ``c = nbytes / (rings g N)`` over every hop at once and lasts as long as its
-    slowest hop: ``max(a_intra + c rings / B_intra, a_inter + c / B_inter)``
-    (the NVLink bandwidth of a GPU is shared by its rings). The ring takes
-    ``2 (g N - 1)`` steps, as in :func:`utils.parallel.network.ring_allreduce_time`,
-    which this equals when ``N = 1`` or when one ring is paced by the
-    inter-node link. Bandwidths are per GPU, one direction, in bytes/s.
-    """
-    _check_two_level(nbytes, gpus_per_node, n_nodes, intra_bandwidth, intra_latency,
-                     inter_bandwidth, inter_latency)
-    if not isinstance(rings, int) or isinstance(rings, bool) or not 1 <= rings <= gpus_per_node:
-        raise ValueError(f"rings must be an int from 1 to gpus_per_node={gpus_per_node} "
-                         f"(one NIC per GPU), got {rings!r}")
-    n = gpus_per_node * n_nodes
-    if n == 1:
-        return 0.0
-    chunk = nbytes / (rings * n)
-    step = intra_latency + chunk * rings / intra_bandwidth if gpus_per_node > 1 else 0.0
-    if n_nodes > 1:
-        step = max(step, inter_latency + chunk / inter_bandwidth)
-    return 2 * (n - 1) * step
