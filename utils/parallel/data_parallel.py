@@ -9,7 +9,10 @@ the whole batch, up to floating-point reordering.
 The reference implementations here are what the labs of part 2 check against:
 
 - :func:`all_reduce_gradients`: one all-reduce per parameter after backward.
-- :class:`BucketedDDP`: gradients packed into buckets whose all-reduce starts
+- :func:`plan_buckets`: DDP's bucketing rule, the same as PyTorch's reducer
+  (tested against it); the one rule the chapters, the labs and
+  :mod:`utils.parallel.overlap` use.
+- :class:`BucketedDDP`: gradients packed into those buckets, each all-reduced
   from a gradient hook while backward is still running, as in PyTorch DDP
   (Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel
   Training", VLDB 2020, arXiv:2006.15704, section 3.2).
@@ -24,14 +27,15 @@ and with one process are in :mod:`utils.parallel.harness`.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from utils.validate import check_nonnegative_int, check_positive_int
+from utils.validate import check_nonnegative, check_nonnegative_int, check_positive, check_positive_int
 
 
 def broadcast_parameters(module: nn.Module, src: int = 0) -> None:
@@ -57,26 +61,64 @@ def all_reduce_gradients(module: nn.Module) -> int:
     return calls
 
 
-def plan_buckets(nbytes: list[int], bucket_cap_bytes: int) -> list[list[int]]:
-    """Group tensors (by index) into buckets of at most ``bucket_cap_bytes``, last tensor first.
+MIB = 2**20
 
-    Backward produces gradients roughly in reverse order of the parameters, so
-    buckets are filled from the last parameter backwards (as PyTorch DDP does,
-    arXiv:2006.15704, section 3.2.3). A tensor larger than the cap gets a bucket
-    of its own. Every index appears exactly once.
+DDP_DEFAULTS: Mapping[str, int] = MappingProxyType({
+    # DistributedDataParallel(bucket_cap_mb=None) means 25 MiB (_DEFAULT_BUCKET_CAP_MB = 25).
+    "bucket_cap_nbytes": 25 * MIB,
+    # With bucket_cap_mb left at None, the first bucket (the last layers' gradients, ready first) is capped
+    # at 1 MiB, so the first all-reduce starts early (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES).
+    "first_bucket_cap_nbytes": 1 * MIB,
+})
+"""PyTorch DDP's default bucket caps in bytes (torch/nn/parallel/distributed.py, torch 2.13; tested against it)."""
+
+
+def plan_buckets(nbytes: Sequence[float], bucket_cap_bytes: float | None = None,
+                 first_bucket_cap_bytes: float | None = None) -> list[list[int]]:
+    """Group tensors into DDP's gradient buckets: PyTorch's rule, in the order backward fills them.
+
+    ``nbytes[i]`` is the gradient size in bytes of tensor ``i`` in forward
+    (``model.parameters()``) order. Backward produces gradients from the last
+    to the first, so the walk goes ``i = L-1, ..., 0``: each tensor joins the
+    open bucket, and the bucket closes as soon as its size *reaches* the limit
+    (``size >= limit``), so a bucket may overshoot by its last tensor and a
+    tensor larger than the limit closes a bucket alone. The first bucket's limit
+    is ``first_bucket_cap_bytes``, every later one's ``bucket_cap_bytes``.
+
+    This is ``compute_bucket_assignment_by_size`` of PyTorch's reducer
+    (torch/csrc/distributed/c10d/reducer.cpp, exposed as
+    ``torch.distributed._compute_bucket_assignment_by_size``), called as DDP
+    calls it when it rebuilds its buckets after the first iteration, in the order
+    the gradients arrived; the tests compare the two. The caps follow
+    ``DistributedDataParallel``: ``bucket_cap_bytes=None`` is its
+    ``bucket_cap_mb=None``, 25 MiB with a 1 MiB first bucket
+    (:data:`DDP_DEFAULTS`); an explicit ``bucket_cap_bytes`` caps the first
+    bucket too, unless ``first_bucket_cap_bytes`` says otherwise. DDP buckets
+    each dtype and device apart; here all tensors are taken to share one.
+
+    Returns the buckets in launch order, each a list of tensor indices in the
+    order their gradients become ready; every index appears exactly once.
+    ``float('inf')`` as the cap gives one bucket.
     """
-    check_positive_int("bucket_cap_bytes", bucket_cap_bytes)
-    if any(n < 0 for n in nbytes):
-        raise ValueError(f"tensor sizes must be >= 0 bytes, got {nbytes}")
+    if bucket_cap_bytes is None:
+        bucket_cap_bytes = DDP_DEFAULTS["bucket_cap_nbytes"]
+        if first_bucket_cap_bytes is None:
+            first_bucket_cap_bytes = DDP_DEFAULTS["first_bucket_cap_nbytes"]
+    check_positive("bucket_cap_bytes", bucket_cap_bytes)
+    if first_bucket_cap_bytes is not None:
+        check_positive("first_bucket_cap_bytes", first_bucket_cap_bytes)
+    for i, n in enumerate(nbytes):
+        check_nonnegative(f"nbytes[{i}] (a tensor's bytes)", n, finite=True)
+    limit = bucket_cap_bytes if first_bucket_cap_bytes is None else first_bucket_cap_bytes
     buckets: list[list[int]] = []
     current: list[int] = []
-    filled = 0
+    size = 0.0
     for i in reversed(range(len(nbytes))):
-        if current and filled + nbytes[i] > bucket_cap_bytes:
-            buckets.append(current)
-            current, filled = [], 0
         current.append(i)
-        filled += nbytes[i]
+        size += nbytes[i]
+        if size >= limit:
+            buckets.append(current)
+            current, size, limit = [], 0.0, bucket_cap_bytes
     if current:
         buckets.append(current)
     return buckets
@@ -93,9 +135,11 @@ class BucketedDDP(nn.Module):
     :meth:`finish_gradient_synchronization` after ``backward()`` and before
     ``optimizer.step()``: it waits on the handles and copies the averaged
     gradients back. ``n_all_reduce_calls`` counts the all-reduces issued so far.
+    The buckets are :func:`plan_buckets`'s, PyTorch's rule; ``bucket_cap_bytes=None``
+    gives DDP's default caps (25 MiB, the first bucket 1 MiB).
     """
 
-    def __init__(self, module: nn.Module, bucket_cap_bytes: int = 25 * 2**20) -> None:
+    def __init__(self, module: nn.Module, bucket_cap_bytes: float | None = None) -> None:
         super().__init__()
         self.module = module
         self.world_size = dist.get_world_size()

@@ -14,14 +14,15 @@ This module is the smallest model of that schedule that keeps its shape:
   ``backward_seconds[i]`` each, with no slowdown from communication (on a GPU
   the all-reduce runs on the network and its own kernels; see the caveat in
   :func:`ddp_timeline`);
-- buckets are formed as DDP's reducer forms them (:func:`assign_buckets`);
+- buckets are formed as DDP's reducer forms them
+  (:func:`utils.parallel.data_parallel.plan_buckets`, tested against PyTorch);
 - all-reduces run one at a time, in bucket order, each priced by
   :func:`utils.parallel.network.ring_allreduce_time`;
 - a bucket's all-reduce starts when its last gradient is ready and the previous
   all-reduce has finished.
 
-The numbers in :data:`DDP_DEFAULTS` are PyTorch's own defaults, read from its
-source (``torch/nn/parallel/distributed.py``, torch 2.13).
+DDP's default caps (25 MiB, the first bucket 1 MiB) are
+:data:`utils.parallel.data_parallel.DDP_DEFAULTS`.
 """
 
 from __future__ import annotations
@@ -29,71 +30,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from utils.parallel.data_parallel import plan_buckets
 from utils.parallel.network import ring_allreduce_time
-from utils.validate import check_nonnegative, check_positive
-
-MIB = 1024 * 1024
-
-DDP_DEFAULTS = {
-    # torch.nn.parallel.DistributedDataParallel(bucket_cap_mb=None) means 25 MiB
-    # (_DEFAULT_BUCKET_CAP_MB = 25 in torch/nn/parallel/distributed.py).
-    "bucket_cap_nbytes": 25 * MIB,
-    # With bucket_cap_mb left at its default, the first bucket (the last layers'
-    # gradients, ready first) is capped at 1 MiB so the first all-reduce starts
-    # early (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = 1 MiB).
-    "first_bucket_cap_nbytes": 1 * MIB,
-}
-"""PyTorch DDP's default bucket caps, in bytes (source: torch/nn/parallel/distributed.py)."""
-
+from utils.validate import check_nonnegative
 
 def _check_sizes(grad_nbytes: Sequence[float]) -> None:
     if len(grad_nbytes) == 0:
         raise ValueError("grad_nbytes is empty; give one gradient size (bytes) per unit, in forward order")
     for i, n in enumerate(grad_nbytes):
         check_nonnegative(f"grad_nbytes[{i}] (bytes)", n, finite=True)
-
-
-def _check_cap(name: str, cap: float) -> None:
-    check_positive(f"{name} (bytes; float('inf') for a single bucket)", cap)
-
-
-def assign_buckets(
-    grad_nbytes: Sequence[float],
-    bucket_cap_nbytes: float = DDP_DEFAULTS["bucket_cap_nbytes"],
-    first_bucket_cap_nbytes: float | None = None,
-) -> list[list[int]]:
-    """Group gradients into all-reduce buckets in the order backward produces them.
-
-    ``grad_nbytes[i]`` is the gradient size in bytes of unit ``i`` (a parameter
-    or a layer) in *forward* order; backward produces them from the last to the
-    first. Walking in that order, each gradient joins the open bucket, and the
-    bucket closes as soon as its size reaches the cap (``size >= cap``), so a
-    bucket can exceed the cap by its last gradient. The first bucket uses
-    ``first_bucket_cap_nbytes`` when given, the others ``bucket_cap_nbytes``.
-    This is DDP's rule (``compute_bucket_assignment_by_size`` in
-    ``torch/csrc/distributed/c10d/reducer.cpp``; tested against it).
-
-    Returns the buckets in launch order, each a list of unit indices in the
-    order their gradients become ready. ``bucket_cap_nbytes=float('inf')``
-    gives one bucket: no overlap at all.
-    """
-    _check_sizes(grad_nbytes)
-    _check_cap("bucket_cap_nbytes", bucket_cap_nbytes)
-    if first_bucket_cap_nbytes is not None:
-        _check_cap("first_bucket_cap_nbytes", first_bucket_cap_nbytes)
-    cap = bucket_cap_nbytes if first_bucket_cap_nbytes is None else first_bucket_cap_nbytes
-    buckets: list[list[int]] = []
-    current: list[int] = []
-    size = 0.0
-    for i in reversed(range(len(grad_nbytes))):
-        current.append(i)
-        size += grad_nbytes[i]
-        if size >= cap:
-            buckets.append(current)
-            current, size, cap = [], 0.0, bucket_cap_nbytes
-    if current:
-        buckets.append(current)
-    return buckets
 
 
 @dataclass(frozen=True)
@@ -141,7 +86,8 @@ def ddp_timeline(
 
     Units are given in forward order: ``backward_seconds[i]`` and
     ``grad_nbytes[i]`` belong to unit ``i``; backward runs ``L-1, ..., 0``. With
-    buckets ``b = 1, 2, ...`` from :func:`assign_buckets`:
+    buckets ``b = 1, 2, ...`` from :func:`utils.parallel.data_parallel.plan_buckets`
+    (the caps mean what they mean there):
 
     - ``ready_b`` = time the last gradient of bucket ``b`` is ready;
     - ``start_b = max(ready_b, end_{b-1})`` (one all-reduce at a time, in order);
@@ -157,11 +103,12 @@ def ddp_timeline(
     if len(backward_seconds) != len(grad_nbytes):
         raise ValueError(f"backward_seconds has {len(backward_seconds)} entries but grad_nbytes has "
                          f"{len(grad_nbytes)}; give one of each per unit, in forward order")
+    _check_sizes(grad_nbytes)
     for i, s in enumerate(backward_seconds):
         check_nonnegative(f"backward_seconds[{i}] (seconds of compute)", s, finite=True)
     # Validate the link once, even for a model whose buckets are all empty.
     ring_allreduce_time(n_gpus, 0.0, bandwidth_bytes_per_s, latency_seconds)
-    buckets = assign_buckets(grad_nbytes, bucket_cap_nbytes, first_bucket_cap_nbytes)
+    buckets = plan_buckets(grad_nbytes, bucket_cap_nbytes, first_bucket_cap_nbytes)
 
     ready = [0.0] * len(backward_seconds)
     clock = 0.0
