@@ -1,7 +1,8 @@
 """Benchmark of the lab "DDP from scratch": per-parameter all-reduce, buckets, PyTorch DDP.
 
-Each version of data parallelism in :mod:`utils.parallel.data_parallel` trains the same
-MLP on N ranks (through :func:`utils.parallel.harness.train_data_parallel`); each is checked against one process trained on the full batch
+Each version of data parallelism in :mod:`utils.parallel.data_parallel` trains
+the same MLP on N ranks (through :func:`utils.parallel.harness.train_data_parallel`);
+each is checked against one process trained on the full batch
 (``torch.testing.assert_close``), then rank 0 prints its all-reduce calls per
 step and its median step time (of the slowest rank, first step excluded).
 

@@ -4,9 +4,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from utils.parallel.collectives import chunk_bounds
 from utils.dist import launch
-from utils.parallel.collectives import ring_all_reduce
+from utils.parallel.collectives import chunk_bounds, ring_all_reduce
 
 SHAPES = [(1,), (2,), (3,), (5,), (7,), (13,), (1000,), (3, 5), (2, 3, 7)]
 

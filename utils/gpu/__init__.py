@@ -16,7 +16,8 @@ Used by the chapters of ``chapters/01-gpu-architecture/``: 01 latency vs
 throughput (hardware, simt), 02 inside an SM (hardware, simt,
 memory_hierarchy), 03 memory hierarchy (hardware, memory_hierarchy,
 coalescing), 04 rooflines (hardware, roofline, memory_hierarchy); by the labs
-of ``labs/01-gpu-architecture/`` (the peaks of :mod:`utils.gpu.hardware`); by
+of ``labs/01-gpu-architecture/`` (the peaks of :mod:`utils.gpu.hardware`, and
+the ridge point of :mod:`utils.gpu.roofline` in the tiled-matmul lab); by
 ``chapters/02-parallelism/01-why-many-gpus`` (GPU peaks and memory); and by
 ``benchmarks/gpu_architecture.py``. The Triton kernels of the part-1 labs live
 in :mod:`utils.kernels`.

@@ -64,7 +64,8 @@ PUBLISHED: Mapping[str, Mapping[str, Published]] = MappingProxyType({
             "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column): 'PCIe Gen5: 128 GB/s' "
             "(64 GB/s each way; PCI-SIG PCI Express Base Specification 5.0, 32 GT/s x16)", "vendor"),
         "host_memory_bytes": Published(2e12, "bytes", "NVIDIA DGX H100 datasheet: 2 TB system memory", "vendor"),
-        "gpus_per_node": Published(8, "GPUs per node", "NVIDIA DGX H100 / HGX H100 8-GPU: eight H100 SXM per node", "vendor"),
+        "gpus_per_node": Published(
+            8, "GPUs per node", "NVIDIA DGX H100 / HGX H100 8-GPU: eight H100 SXM per node", "vendor"),
     }),
     "A100-SXM4-80GB": MappingProxyType({
         "l1_smem_per_sm_bytes": Published(
@@ -81,7 +82,8 @@ PUBLISHED: Mapping[str, Mapping[str, Published]] = MappingProxyType({
             "vendor"),
         "host_memory_bytes": Published(
             2e12, "bytes", "NVIDIA DGX A100 datasheet (640 GB system): 2 TB system memory", "vendor"),
-        "gpus_per_node": Published(8, "GPUs per node", "NVIDIA DGX A100 / HGX A100 8-GPU: eight A100 SXM per node", "vendor"),
+        "gpus_per_node": Published(
+            8, "GPUs per node", "NVIDIA DGX A100 / HGX A100 8-GPU: eight A100 SXM per node", "vendor"),
     }),
 })
 """Numbers :mod:`utils.gpu.hardware` does not hold, per GPU, each with its source."""

@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from utils.gpu import hardware
 from utils.bench import matmul_flops
+from utils.gpu import hardware
 from utils.validate import check_nonnegative, check_nonnegative_int, check_positive, check_positive_int
 
 BOUNDS = ("memory", "compute")
