@@ -1,7 +1,8 @@
 """Benchmark of the lab "DDP from scratch": per-parameter all-reduce, buckets, PyTorch DDP.
 
-Each version of data parallelism in :mod:`utils.data_parallel` trains the same
-MLP on N ranks; each is checked against one process trained on the full batch
+Each version of data parallelism in :mod:`utils.parallel.data_parallel` trains
+the same MLP on N ranks (through :func:`utils.parallel.harness.train_data_parallel`);
+each is checked against one process trained on the full batch
 (``torch.testing.assert_close``), then rank 0 prints its all-reduce calls per
 step and its median step time (of the slowest rank, first step excluded).
 
@@ -23,23 +24,24 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from utils import data_parallel as dp
 from utils.dist import NCCL_BACKEND, default_backend, launch, torchrun_main
+from utils.dist_policy import worker_device
+from utils.parallel import harness
 
 TOLERANCE = dict(rtol=1e-4, atol=1e-5)  # fp32 sums in another order; Adam amplifies them a little
 
 
-def worker(rank: int, world_size: int, strategies: Sequence[str], config: dp.TrainConfig,
+def worker(rank: int, world_size: int, strategies: Sequence[str], config: harness.TrainConfig,
            bucket_cap_bytes: int) -> dict[str, Any]:
     """Train with each strategy; add ``median_step_seconds``, the slowest rank's median step time."""
     out = {}
     for strategy in strategies:
-        result = dp.train_data_parallel(rank, world_size, strategy, config, bucket_cap_bytes)
-        median = torch.tensor(statistics.median(result["step_seconds"][1:]), device=dp.worker_device())
+        result = harness.train_data_parallel(rank, world_size, strategy, config, bucket_cap_bytes)
+        median = torch.tensor(statistics.median(result["step_seconds"][1:]), device=worker_device())
         dist.all_reduce(median, op=dist.ReduceOp.MAX)
         result["median_step_seconds"] = median.item()
         result["weights"] = {k: v.cpu() for k, v in result["weights"].items()}
-        result["device"] = str(dp.worker_device())
+        result["device"] = str(worker_device())
         out[strategy] = result
     return out
 
@@ -62,11 +64,11 @@ def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespa
 
 
 def run(args: argparse.Namespace, strategies: Sequence[str], optimizer: str, lr: float
-        ) -> tuple[dp.TrainConfig, int, dict[str, Any] | None]:
+        ) -> tuple[harness.TrainConfig, int, dict[str, Any] | None]:
     """Run ``worker`` under torchrun when started by it, else through ``launch``; rank 0 gets the results."""
     if args.steps < 2:
         raise ValueError(f"--steps must be >= 2 (the first step is warm-up), got {args.steps}")
-    config = dp.TrainConfig(n_layers=args.n_layers, d_hidden=args.d_hidden, d_out=args.d_out,
+    config = harness.TrainConfig(n_layers=args.n_layers, d_hidden=args.d_hidden, d_out=args.d_out,
                             batch_size=args.batch_size, n_steps=args.steps, optimizer=optimizer, lr=lr)
     cap = int(args.bucket_cap_mib * 2**20)
     if "RANK" in os.environ:  # started by torchrun
@@ -77,10 +79,10 @@ def run(args: argparse.Namespace, strategies: Sequence[str], optimizer: str, lr:
     return config, args.world_size, results[0]
 
 
-def check_and_report(config: dp.TrainConfig, world_size: int, results: dict[str, Any]) -> dict[str, Any]:
+def check_and_report(config: harness.TrainConfig, world_size: int, results: dict[str, Any]) -> dict[str, Any]:
     """Assert every strategy matches one process on the full batch; print calls and step times."""
-    reference = dp.train_single_process(config)
-    n_params = sum(p.numel() for p in dp.make_mlp(config).parameters())
+    reference = harness.train_single_process(config)
+    n_params = sum(p.numel() for p in harness.make_mlp(config).parameters())
     print(f"{world_size} ranks, {config.n_layers} layers of width {config.d_hidden}, {n_params} parameters, "
           f"{config.optimizer}, global batch {config.batch_size}, {config.n_steps} steps")
     if next(iter(results.values()))["device"].startswith("cuda"):  # where the ranks ran, not what the machine has

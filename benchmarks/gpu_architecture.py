@@ -20,8 +20,8 @@ the baseline, and PASS/MISS against the lab's target:
   reported without a target);
 - tiled matmul, 4096^3 fp16: >= 80% of ``torch.matmul`` (cuBLAS).
 
-Peaks come from :mod:`utils.hardware` (vendor datasheets), matched on the name
-the driver reports (:func:`utils.hardware.spec_for_device`); for an unknown GPU the
+Peaks come from :mod:`utils.gpu.hardware` (vendor datasheets), matched on the name
+the driver reports (:func:`utils.gpu.hardware.spec_for_device`); for an unknown GPU the
 fractions print as n/a. On a machine without a GPU the script refuses (exit
 code 2) unless ``--allow-cpu`` is given, which runs tiny shapes through
 Triton's interpreter as a smoke test: its timings say nothing about GPU speed.
@@ -43,7 +43,7 @@ import triton
 
 from utils import device
 from utils.bench import gb_per_s, matmul_flops, tflop_per_s, time_seconds
-from utils.hardware import GpuSpec, spec_for_device
+from utils.gpu.hardware import GpuSpec, spec_for_device
 
 TARGET_ADD_BANDWIDTH_FRACTION = 0.85
 TARGET_SOFTMAX_BANDWIDTH_FRACTION = 0.75

@@ -23,9 +23,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from utils.data_parallel import worker_device
-from utils.dist import launch, ring_all_reduce, torchrun_main
-from utils.network import algorithm_bandwidth, allreduce_bus_bandwidth
+from utils.dist import launch, torchrun_main
+from utils.dist_policy import worker_device
+from utils.parallel.bandwidth import algorithm_bandwidth, allreduce_bus_bandwidth
+from utils.parallel.collectives import ring_all_reduce
 
 
 def _median_seconds(fn, x: torch.Tensor, repeats: int) -> float:

@@ -15,6 +15,7 @@ import time
 from typing import Callable
 
 from utils import device as _device
+from utils.validate import check_nonnegative, check_nonnegative_int, check_positive, check_positive_int
 
 
 def time_seconds(fn: Callable[[], object], warmup: int = 3, repeats: int = 10) -> float:
@@ -27,8 +28,8 @@ def time_seconds(fn: Callable[[], object], warmup: int = 3, repeats: int = 10) -
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {type(fn).__name__}")
-    if warmup < 0 or repeats < 1:
-        raise ValueError(f"need warmup >= 0 and repeats >= 1, got warmup={warmup}, repeats={repeats}")
+    check_nonnegative_int("warmup", warmup)
+    check_positive_int("repeats", repeats)
     if _device.HAS_CUDA:
         import triton.testing
 
@@ -44,10 +45,8 @@ def time_seconds(fn: Callable[[], object], warmup: int = 3, repeats: int = 10) -
 
 
 def _check_rate_args(amount: float, seconds: float, what: str) -> None:
-    if amount < 0:
-        raise ValueError(f"{what} must be >= 0, got {amount}")
-    if seconds <= 0:
-        raise ValueError(f"seconds must be > 0, got {seconds}")
+    check_nonnegative(what, amount)
+    check_positive("seconds", seconds)
 
 
 def gb_per_s(nbytes: float, seconds: float) -> float:
@@ -64,6 +63,6 @@ def tflop_per_s(flops: float, seconds: float) -> float:
 
 def matmul_flops(m: int, n: int, k: int) -> int:
     """FLOPs of an (m x k) @ (k x n) matmul: ``2 m n k`` (one multiply and one add per term)."""
-    if min(m, n, k) < 1:
-        raise ValueError(f"matmul sizes must be positive, got m={m}, n={n}, k={k}")
+    for name, size in (("m", m), ("n", n), ("k", k)):
+        check_positive_int(name, size)
     return 2 * m * n * k

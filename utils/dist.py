@@ -4,21 +4,18 @@
 ``world_size`` processes, initialises a process group in each, calls
 ``fn(rank, world_size, *args)`` and returns what each rank returned, in rank order.
 
-Which backend (:func:`choose_backend`). Gloo on a CPU. When NCCL can give every
-rank its own GPU, the group is ``"cpu:gloo,cuda:nccl"`` (:data:`NCCL_BACKEND`):
-NCCL for CUDA tensors, gloo for CPU ones, because NCCL has no CPU path and most
-of the book's labs reduce CPU tensors. Each NCCL rank calls
-``torch.cuda.set_device`` and passes ``device_id`` to ``init_process_group``,
-which binds the group to that GPU and forms the NCCL communicator at once, not
-lazily at the first collective (PyTorch docs of ``init_process_group``, ``device_id``).
-
-Which start method (:func:`choose_start_method`). Functions defined in a
-notebook cell cannot be pickled by name, which ``spawn`` needs; so on a Linux
-machine without CUDA :func:`launch` forks, and otherwise it spawns, sending the
-function by value with ``cloudpickle``. Wherever CUDA is present it always
-spawns: a forked child cannot use CUDA once the parent has touched the driver
-("Cannot re-initialize CUDA in forked subprocess"), and even
-``torch.cuda.is_available()`` touches it. Asking for ``fork`` there is refused.
+The backend and the start method are chosen by the pure functions of
+:mod:`utils.dist_policy`: gloo on a CPU, ``"cpu:gloo,cuda:nccl"``
+(:data:`NCCL_BACKEND`) when every rank can have its own GPU; ``fork`` on a
+CPU-only Linux machine (so functions defined in a notebook work), ``spawn``
+wherever CUDA is present. Each NCCL rank calls ``torch.cuda.set_device`` and
+passes ``device_id`` to ``init_process_group``, which binds the group to that
+GPU and forms the NCCL communicator at once, not lazily at the first
+collective (PyTorch docs of ``init_process_group``, ``device_id``).
+:data:`NCCL_BACKEND`, :func:`choose_backend`, :func:`choose_start_method`,
+:func:`default_backend` and :func:`default_start_method` are imported here
+from :mod:`utils.dist_policy`, so ``utils.dist`` stays the one import for a
+launcher's users (its tests and benchmarks import them from here).
 
 It is built so that a lab can never freeze a notebook:
 
@@ -51,6 +48,16 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from utils.dist_policy import (  # noqa: F401  (default_backend, default_start_method: public here too)
+    NCCL_BACKEND,
+    choose_backend,
+    choose_start_method,
+    cuda_present,
+    default_backend,
+    default_start_method,
+)
+from utils.validate import check_positive, check_positive_int
+
 _POLL_SECONDS = 0.05
 _GRACE_SECONDS = 1.0  # after a first error, how long to wait for the others (to find the root cause)
 
@@ -65,82 +72,6 @@ class WorkerError(RuntimeError):
         if worker_traceback:
             text += "\n\n--- traceback from rank %d ---\n%s" % (rank, worker_traceback.rstrip())
         super().__init__(text)
-
-
-NCCL_BACKEND = "cpu:gloo,cuda:nccl"
-"""What reaches ``init_process_group`` when NCCL is chosen: NCCL for CUDA tensors, gloo for CPU tensors."""
-
-
-def choose_backend(world_size: int, gpu_count: int, nccl_available: bool, requested: str | None = None) -> str:
-    """The backend string for ``init_process_group``: ``"gloo"`` or :data:`NCCL_BACKEND`.
-
-    With ``requested=None``, NCCL (mixed with gloo for the CPU) when ``nccl_available``
-    and ``gpu_count >= world_size`` (one GPU per rank), else gloo. ``requested="gloo"``
-    is taken as is; ``requested="nccl"`` (or :data:`NCCL_BACKEND`) gives :data:`NCCL_BACKEND`
-    and raises ``ValueError`` if NCCL is missing or there are fewer GPUs than ranks.
-    A pure function of its arguments: :func:`launch` passes this machine's facts.
-    """
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-    if not isinstance(gpu_count, int) or isinstance(gpu_count, bool) or gpu_count < 0:
-        raise ValueError(f"gpu_count must be an int >= 0, got {gpu_count!r}")
-    if requested not in (None, "gloo", "nccl", NCCL_BACKEND):
-        raise ValueError(f"backend must be 'gloo', 'nccl' or None, got {requested!r}")
-    if requested == "gloo":
-        return "gloo"
-    nccl_fits = nccl_available and gpu_count >= world_size
-    if requested is None:
-        return NCCL_BACKEND if nccl_fits else "gloo"
-    if not nccl_fits:
-        why = "this torch has no NCCL" if not nccl_available else f"only {gpu_count} GPUs are visible"
-        raise ValueError(f"backend 'nccl' needs one GPU per rank, but world_size={world_size} and {why}; "
-                         "use backend='gloo' or fewer ranks")
-    return NCCL_BACKEND
-
-
-def choose_start_method(requested: str | None, cuda_present: bool, fork_available: bool) -> str:
-    """``"fork"`` or ``"spawn"``: fork only where it is available and no CUDA GPU is present, else spawn.
-
-    ``requested="spawn"`` is always honoured; ``requested="fork"`` raises ``ValueError``
-    where fork is unavailable or CUDA is present (a forked child cannot initialise
-    CUDA once the parent has touched the driver: PyTorch docs, "Multiprocessing best
-    practices", CUDA in multiprocessing). A pure function of its arguments.
-    """
-    if requested not in (None, "fork", "spawn"):
-        raise ValueError(f"start_method must be 'fork', 'spawn' or None, got {requested!r}")
-    if requested == "fork":
-        if not fork_available:
-            raise ValueError("start_method='fork' is not available on this platform; use 'spawn' or None")
-        if cuda_present:
-            raise ValueError("start_method='fork' is refused on a machine with a CUDA GPU: once the parent has "
-                             "touched the CUDA driver (even torch.cuda.is_available() does), a forked worker "
-                             "fails with 'Cannot re-initialize CUDA in forked subprocess'; use 'spawn' or None")
-        return "fork"
-    if requested == "spawn" or cuda_present or not fork_available:
-        return "spawn"
-    return "fork"
-
-
-def _cuda_present() -> bool:
-    """Whether this machine has a CUDA GPU, asked without initialising CUDA in this process where possible.
-
-    ``torch.cuda.is_available()`` calls ``cudaGetDeviceCount``, which runs ``cuInit``
-    and poisons later forks (unless ``PYTORCH_NVML_BASED_CUDA_CHECK=1``);
-    ``torch.cuda.device_count()`` asks NVML first and "will NOT poison fork if NVML
-    discovery succeeds" (its docstring, torch 2.13). If NVML fails it falls
-    back to ``cudaGetDeviceCount``; a count > 0 then means spawn anyway.
-    """
-    return torch.cuda.is_initialized() or torch.cuda.device_count() > 0
-
-
-def default_backend(world_size: int) -> str:
-    """:func:`choose_backend` for this machine: :data:`NCCL_BACKEND` with one GPU per rank and NCCL, else ``"gloo"``."""
-    return choose_backend(world_size, torch.cuda.device_count(), dist.is_nccl_available())
-
-
-def default_start_method() -> str:
-    """:func:`choose_start_method` for this machine, nothing requested: "fork" on a CPU-only Linux, else "spawn"."""
-    return choose_start_method(None, _cuda_present(), "fork" in mp.get_all_start_methods())
 
 
 def _to_cpu(value: Any) -> Any:
@@ -279,12 +210,10 @@ def launch(
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {type(fn).__name__}")
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-    if not timeout or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    check_positive_int("world_size", world_size)
+    check_positive("timeout (seconds)", timeout, finite=True)
     backend = choose_backend(world_size, torch.cuda.device_count(), dist.is_nccl_available(), backend)
-    method = choose_start_method(start_method, _cuda_present(), "fork" in mp.get_all_start_methods())
+    method = choose_start_method(start_method, cuda_present(), "fork" in mp.get_all_start_methods())
     ctx = mp.get_context(method)
     if method == "fork":
         payload: bytes | tuple = (fn, args)
@@ -373,6 +302,3 @@ def torchrun_main(fn: Callable[..., Any], *args: Any, backend: str | None = None
         return fn(rank, world_size, *args)
     finally:
         dist.destroy_process_group()
-
-
-from utils.collectives import ring_all_reduce  # noqa: E402,F401  (public as utils.dist.ring_all_reduce)

@@ -26,6 +26,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.animation import FuncAnimation  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from utils.validate import check_positive_int  # noqa: E402
+
 PlotFn = Callable[..., Figure]
 
 
@@ -68,8 +70,7 @@ def animate(
     """
     if not callable(draw_step):
         raise ValueError(f"draw_step must be callable, got {type(draw_step).__name__}")
-    if not isinstance(n_steps, int) or n_steps < 1:
-        raise ValueError(f"n_steps must be a positive int, got {n_steps!r}")
+    check_positive_int("n_steps", n_steps)
     if n_steps > 200:
         raise ValueError(f"n_steps={n_steps} would embed too many frames; use at most 200")
     from IPython.display import HTML

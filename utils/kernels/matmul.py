@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from utils.device import check_tensors
+from utils.validate import check_element_size, check_nonnegative_int, check_positive_int
 
 # Defaults for fp16 on an H100: the first configuration of the autotuning list in Triton's matmul
 # tutorial (128 x 256 x 64 tiles, groups of 8 rows of tiles, 8 warps, 3 pipeline stages). Its operand
@@ -88,21 +89,6 @@ def _check_block(name: str, value: object) -> None:
                          f"tl.dot needs every side >= 16), got {value!r}")
 
 
-def _check_positive_int(name: str, value: object) -> None:
-    if not _is_int(value) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
-def _check_non_negative_int(name: str, value: object) -> None:
-    if not _is_int(value) or value < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-
-
-def _check_element_size(element_size: object) -> None:
-    if element_size not in (1, 2, 4, 8) or isinstance(element_size, bool):
-        raise ValueError(f"element_size must be 1, 2, 4 or 8 bytes, got {element_size!r}")
-
-
 def matmul(a: torch.Tensor, b: torch.Tensor, block_m: int = DEFAULT_BLOCK_M, block_n: int = DEFAULT_BLOCK_N,
            block_k: int = DEFAULT_BLOCK_K, group_size_m: int = DEFAULT_GROUP_SIZE_M,
            num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
@@ -135,12 +121,12 @@ def matmul(a: torch.Tensor, b: torch.Tensor, block_m: int = DEFAULT_BLOCK_M, blo
                          f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
     for name, value in (("block_m", block_m), ("block_n", block_n), ("block_k", block_k)):
         _check_block(name, value)
-    _check_positive_int("group_size_m", group_size_m)
+    check_positive_int("group_size_m", group_size_m)
     num_warps = DEFAULT_NUM_WARPS if num_warps is None else num_warps
     num_stages = DEFAULT_NUM_STAGES if num_stages is None else num_stages
     if num_warps not in _NUM_WARPS_ALLOWED or isinstance(num_warps, bool):
         raise ValueError(f"num_warps must be one of {_NUM_WARPS_ALLOWED}, got {num_warps!r}")
-    _check_positive_int("num_stages", num_stages)
+    check_positive_int("num_stages", num_stages)
 
     (m, k), n = a.shape, b.shape[1]
     if m == 0 or n == 0 or k == 0:  # nothing to launch; an empty sum is 0
@@ -169,8 +155,8 @@ def tile_intensity(block_m: int, block_n: int, block_k: int, element_size: int) 
     (Roofline model: Williams, Waterman and Patterson, CACM 2009.)
     """
     for name, value in (("block_m", block_m), ("block_n", block_n), ("block_k", block_k)):
-        _check_positive_int(name, value)
-    _check_element_size(element_size)
+        check_positive_int(name, value)
+    check_element_size(element_size)
     return 2 * block_m * block_n * block_k / ((block_m * block_k + block_k * block_n) * element_size)
 
 
@@ -184,8 +170,8 @@ def tile_smem_bytes(block_m: int, block_n: int, block_k: int, element_size: int,
     """
     for name, value in (("block_m", block_m), ("block_n", block_n), ("block_k", block_k),
                         ("num_stages", num_stages)):
-        _check_positive_int(name, value)
-    _check_element_size(element_size)
+        check_positive_int(name, value)
+    check_element_size(element_size)
     return (block_m * block_k + block_k * block_n) * element_size * num_stages
 
 
@@ -199,9 +185,9 @@ def tile_order(pid: int, num_pid_m: int, num_pid_n: int, group_size_m: int) -> t
     column. ``group_size_m = 1`` is row-major order; ``group_size_m >= num_pid_m``
     is column-major order.
     """
-    _check_positive_int("num_pid_m", num_pid_m)
-    _check_positive_int("num_pid_n", num_pid_n)
-    _check_positive_int("group_size_m", group_size_m)
+    check_positive_int("num_pid_m", num_pid_m)
+    check_positive_int("num_pid_n", num_pid_n)
+    check_positive_int("group_size_m", group_size_m)
     if not _is_int(pid) or not 0 <= pid < num_pid_m * num_pid_n:
         raise ValueError(f"pid must be an int in 0..{num_pid_m * num_pid_n - 1}, got {pid!r}")
     tiles_per_group = group_size_m * num_pid_n
@@ -212,8 +198,8 @@ def tile_order(pid: int, num_pid_m: int, num_pid_n: int, group_size_m: int) -> t
 
 def launch_order(num_pid_m: int, num_pid_n: int, group_size_m: int) -> list[tuple[int, int]]:
     """All tiles ``(pid_m, pid_n)`` in the order programs 0, 1, 2, ... compute them (see :func:`tile_order`)."""
-    _check_positive_int("num_pid_m", num_pid_m)
-    _check_positive_int("num_pid_n", num_pid_n)
+    check_positive_int("num_pid_m", num_pid_m)
+    check_positive_int("num_pid_n", num_pid_n)
     return [tile_order(pid, num_pid_m, num_pid_n, group_size_m) for pid in range(num_pid_m * num_pid_n)]
 
 
@@ -228,9 +214,9 @@ def blocks_loaded(num_pid_m: int, num_pid_n: int, num_pid_k: int, group_size_m: 
     9 x 9 blocks, 90 blocks for the first 9 tiles in row-major order and 54 in
     grouped order with groups of 3 rows.
     """
-    _check_positive_int("num_pid_k", num_pid_k)
-    _check_positive_int("num_pid_m", num_pid_m)
-    _check_positive_int("num_pid_n", num_pid_n)
+    check_positive_int("num_pid_k", num_pid_k)
+    check_positive_int("num_pid_m", num_pid_m)
+    check_positive_int("num_pid_n", num_pid_n)
     rows, cols = _distinct_panels(n_programs, num_pid_m, num_pid_n, group_size_m)
     return (rows + cols) * num_pid_k
 
@@ -251,8 +237,8 @@ def working_set_bytes(m: int, n: int, k: int, block_m: int, block_n: int, group_
     ``block_n`` does not divide the matrix).
     """
     for name, value in (("m", m), ("n", n), ("k", k), ("block_m", block_m), ("block_n", block_n)):
-        _check_positive_int(name, value)
-    _check_element_size(element_size)
+        check_positive_int(name, value)
+    check_element_size(element_size)
     num_pid_m, num_pid_n = triton.cdiv(m, block_m), triton.cdiv(n, block_n)
     rows, cols = _distinct_panels(n_programs, num_pid_m, num_pid_n, group_size_m)
     return (rows * block_m + cols * block_n) * k * element_size
@@ -260,7 +246,7 @@ def working_set_bytes(m: int, n: int, k: int, block_m: int, block_n: int, group_
 
 def _distinct_panels(n_programs: int, num_pid_m: int, num_pid_n: int, group_size_m: int) -> tuple[int, int]:
     """How many distinct row panels of A and column panels of B the first ``n_programs`` programs read."""
-    _check_non_negative_int("n_programs", n_programs)
+    check_nonnegative_int("n_programs", n_programs)
     if n_programs > num_pid_m * num_pid_n:
         raise ValueError(f"n_programs must be at most the {num_pid_m * num_pid_n} tiles of the grid, got {n_programs}")
     tiles = [tile_order(pid, num_pid_m, num_pid_n, group_size_m) for pid in range(n_programs)]

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from utils.device import check_tensors
+from utils.validate import check_element_size, check_nonnegative_int, check_positive_int
 
 MAX_N_COLS = 2**16
 """Longest row :func:`softmax` accepts. The whole row lives in registers: compiled for sm_90a
@@ -52,8 +53,7 @@ def num_warps_for(block_size: int) -> int:
     More warps for longer rows keeps the elements each thread holds in registers
     bounded (the heuristic of Triton's fused-softmax tutorial). The interpreter ignores it.
     """
-    if not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    check_positive_int("block_size", block_size)
     if block_size >= 4096:
         return 16
     if block_size >= 2048:
@@ -129,11 +129,9 @@ def softmax_nbytes(n_rows: int, n_cols: int, element_size: int, fused: bool = Tr
     Fused: read once, write once, ``2 M N`` elements. Unfused (:data:`UNFUSED_OPS`):
     ``(5 M N + 2 M) + (3 M N + 2 M) = 8 M N + 4 M`` elements. Times ``element_size`` bytes.
     """
-    for value, what in ((n_rows, "n_rows"), (n_cols, "n_cols")):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"{what} must be an int >= 0, got {value!r}")
-    if element_size not in (1, 2, 4, 8):
-        raise ValueError(f"element_size must be 1, 2, 4 or 8 bytes, got {element_size!r}")
+    check_nonnegative_int("n_rows", n_rows)
+    check_nonnegative_int("n_cols", n_cols)
+    check_element_size(element_size)
     m, n = n_rows, n_cols
     if fused:
         elements = 2 * m * n

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from utils.device import check_tensors
+from utils.validate import check_element_size, check_nonnegative_int
 
 DEFAULT_BLOCK_SIZE = 1024
 """Elements per program. 1024 is the block of Triton's tutorial; with 4 warps that is 8 elements per thread."""
@@ -44,8 +45,7 @@ def _check_block_size(block_size: int) -> None:
 
 def grid_size(n_elements: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
     """Programs needed to cover ``n_elements``: ``ceil(n_elements / block_size)``."""
-    if not isinstance(n_elements, int) or isinstance(n_elements, bool) or n_elements < 0:
-        raise ValueError(f"n_elements must be an int >= 0, got {n_elements!r}")
+    check_nonnegative_int("n_elements", n_elements)
     _check_block_size(block_size)
     return triton.cdiv(n_elements, block_size)
 
@@ -74,10 +74,8 @@ def add(x: torch.Tensor, y: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE) 
 
 def add_nbytes(n_elements: int, element_size: int) -> int:
     """Bytes vector add moves to and from memory: ``3 * n_elements * element_size`` (read x, read y, write z)."""
-    if not isinstance(n_elements, int) or isinstance(n_elements, bool) or n_elements < 0:
-        raise ValueError(f"n_elements must be an int >= 0, got {n_elements!r}")
-    if element_size not in (1, 2, 4, 8):
-        raise ValueError(f"element_size must be 1, 2, 4 or 8 bytes, got {element_size!r}")
+    check_nonnegative_int("n_elements", n_elements)
+    check_element_size(element_size)
     return 3 * n_elements * element_size
 
 

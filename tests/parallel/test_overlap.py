@@ -1,0 +1,70 @@
+"""utils.parallel.overlap: the invariants of the DDP overlap timeline.
+
+Its bucketing rule, utils.parallel.data_parallel.plan_buckets, is tested against PyTorch in test_data_parallel.py.
+"""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from utils.parallel.network import ring_allreduce_time
+from utils.parallel.overlap import ddp_timeline
+
+seconds = st.floats(0, 1e-2, allow_nan=False)
+
+
+@given(st.lists(st.tuples(seconds, st.integers(0, 10**6)), min_size=1, max_size=20),
+       st.floats(1, 1e7), st.integers(1, 64), st.floats(1e6, 1e11), st.floats(0, 1e-4))
+@settings(deadline=None)
+def test_step_lies_between_max_and_sum_of_compute_and_comm(units, cap, n_gpus, bandwidth, latency):
+    backward, nbytes = zip(*units)
+    t = ddp_timeline(backward, nbytes, cap, n_gpus, bandwidth, latency)
+    eps = 1e-12
+    assert max(t.compute_seconds, t.comm_seconds) - eps <= t.step_seconds <= t.compute_seconds + t.comm_seconds + eps
+    for prev, b in zip(t.buckets, t.buckets[1:]):
+        assert b.start_seconds >= prev.end_seconds - eps  # one all-reduce at a time
+    for b in t.buckets:
+        assert b.start_seconds >= b.ready_seconds  # never before its gradients exist
+
+
+@given(st.lists(st.tuples(seconds, st.integers(0, 10**6)), min_size=1, max_size=20), st.integers(2, 64))
+def test_one_bucket_overlaps_nothing(units, n_gpus):
+    backward, nbytes = zip(*units)
+    t = ddp_timeline(backward, nbytes, float("inf"), n_gpus, 1e9, 1e-5)
+    assert len(t.buckets) == 1
+    expected = sum(backward) + ring_allreduce_time(n_gpus, sum(nbytes), 1e9, 1e-5)
+    assert t.step_seconds == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
+@given(st.lists(st.tuples(seconds, st.integers(0, 10**6)), min_size=1, max_size=20), st.integers(1, 10**6))
+def test_free_communication_costs_only_compute(units, cap):
+    backward, nbytes = zip(*units)
+    t = ddp_timeline(backward, nbytes, cap, 8, float("inf"), 0.0)
+    assert t.step_seconds == pytest.approx(sum(backward), rel=1e-12, abs=1e-15)
+    assert t.exposed_comm_seconds == pytest.approx(0.0, abs=1e-15)
+
+
+def test_worked_example():
+    # 4 equal layers of 1 ms backward and 100 MB of gradients, one bucket each, 8 GPUs at 100 GB/s, no latency:
+    # each all-reduce takes 2 * 7/8 * 1e8 / 1e11 = 1.75 ms, so the link, not compute, sets the pace:
+    # first bucket ready at 1 ms, then 4 all-reduces back to back: 1 + 4 * 1.75 = 8 ms.
+    t = ddp_timeline([1e-3] * 4, [1e8] * 4, 1e8, 8, 1e11, 0.0)
+    assert [b.units for b in t.buckets] == [(3,), (2,), (1,), (0,)]
+    assert [round(b.start_seconds * 1e3, 6) for b in t.buckets] == [1.0, 2.75, 4.5, 6.25]
+    assert t.step_seconds == pytest.approx(8e-3)
+    assert t.grad_ready_seconds == pytest.approx((4e-3, 3e-3, 2e-3, 1e-3))
+
+
+@pytest.mark.parametrize("args", [
+    ([1.0], [1, 2], 10, 2, 1e9, 0.0),        # lengths differ
+    ([-1.0, 1.0], [1, 2], 10, 2, 1e9, 0.0),  # negative compute
+    ([1.0, 1.0], [1, 2], 10, 0, 1e9, 0.0),   # no GPUs
+    ([1.0, 1.0], [1, 2], 10, 2, 0.0, 0.0),   # no bandwidth
+    ([1.0, 1.0], [1, 2], 10, 2, 1e9, -1.0),  # negative latency
+    ([], [], 10, 2, 1e9, 0.0),               # no units
+    ([1.0, 1.0], [1, float("nan")], 10, 2, 1e9, 0.0),  # a size that is not a number
+    ([1.0, 1.0], [1, 2], 0, 2, 1e9, 0.0),    # no bucket cap
+])
+def test_ddp_timeline_rejects_bad_input(args):
+    with pytest.raises(ValueError):
+        ddp_timeline(*args)

@@ -1,0 +1,145 @@
+"""How many bytes a model's training state takes on each GPU, and what sharding it costs in traffic.
+
+Mixed-precision training with Adam keeps, per parameter, an fp16 weight
+(2 bytes), an fp16 gradient (2 bytes) and ``K`` bytes of optimizer state: an
+fp32 master weight, momentum and variance, ``K = 12`` (Rajbhandari et al.,
+"ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
+arXiv:1910.02054, section 3.1). ZeRO's three stages shard, in turn, the
+optimizer state, the gradients and the parameters across the ``N_d``
+data-parallel GPUs (section 5); stage 0 here means plain data parallelism.
+
+Published figures these calculators reproduce are collected in
+:data:`ZERO_PAPER_FIGURES` (the tests check every one).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from utils.published import Published
+from utils.validate import check_nonnegative, check_positive, check_positive_int
+
+ZERO_STAGES = (0, 1, 2, 3)
+
+FP16_PARAM_BYTES = 2
+"""Bytes of one fp16 (or bf16) parameter."""
+FP16_GRAD_BYTES = 2
+"""Bytes of one fp16 (or bf16) gradient."""
+ADAM_MIXED_PRECISION_OPTIMIZER_BYTES = 12
+"""K for mixed-precision Adam: fp32 master weight + fp32 momentum + fp32 variance = 4 + 4 + 4 (ZeRO, section 3.1)."""
+
+_ZERO = "Rajbhandari et al., 'ZeRO: Memory Optimizations Toward Training Trillion Parameter Models', arXiv:1910.02054"
+_GB = "GB of model state per GPU (1 GB = 1e9 bytes)"
+
+ZERO_PAPER_FIGURES: tuple[tuple[str, float, int, int, Published], ...] = (
+    # (what, n_params, n_gpus, stage, the published figure)
+    ("7.5B model, baseline DP", 7.5e9, 64, 0, Published(120.0, _GB, _ZERO + ", Figure 1")),
+    ("7.5B model, P_os", 7.5e9, 64, 1, Published(31.4, _GB, _ZERO + ", Figure 1")),
+    ("7.5B model, P_os+g", 7.5e9, 64, 2, Published(16.6, _GB, _ZERO + ", Figure 1")),
+    ("7.5B model, P_os+g+p", 7.5e9, 64, 3, Published(1.9, _GB, _ZERO + ", Figure 1")),
+    ("1T model on 1024 GPUs, P_os+g+p", 1e12, 1024, 3, Published(15.6, _GB, _ZERO + ", section 5.4, Table 1")),
+)
+"""Model-state GB per GPU published in the ZeRO paper (mixed-precision Adam, K = 12), with the case it is for."""
+
+ZERO_PAPER_LARGEST_MODELS_64_GPUS: tuple[tuple[int, Published], ...] = tuple(
+    (stage, Published(n_params, "parameters, the largest model whose states fit on 64 GPUs of 32 GB",
+                      _ZERO + ", section 5.4"))
+    for stage, n_params in ((1, 7.5e9), (2, 14e9), (3, 128e9))
+)
+"""(stage, figure): ZeRO section 5.4, "with N_d = 64, ZeRO can train models with up to 7.5B, 14B, and 128B
+parameters using P_os, P_os+g, and P_os+g+p", on 32 GB V100 GPUs, counting model states only."""
+
+
+class ModelStateBytes(NamedTuple):
+    """Model-state bytes on one GPU, by kind; ``total`` is their sum."""
+
+    params: float
+    grads: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+
+def _check_stage(stage: int) -> None:
+    if stage not in ZERO_STAGES or isinstance(stage, bool):
+        raise ValueError(f"stage must be one of {ZERO_STAGES} (0 = plain data parallelism), got {stage!r}")
+
+
+def zero_model_state_breakdown(
+    n_params: float, n_gpus: int, stage: int, optimizer_bytes_per_param: float = 12
+) -> ModelStateBytes:
+    """Parameter, gradient and optimizer-state bytes per GPU under ZeRO ``stage``.
+
+    With Psi parameters, K optimizer bytes per parameter and N_d GPUs (ZeRO
+    paper, Figure 1 and section 5): parameters ``2 Psi``, gradients ``2 Psi``,
+    optimizer ``K Psi``; stage >= 1 divides the optimizer term by N_d, stage
+    >= 2 also the gradients, stage 3 also the parameters.
+    """
+    check_positive("n_params", n_params)
+    check_positive_int("n_gpus", n_gpus)
+    _check_stage(stage)
+    check_nonnegative("optimizer_bytes_per_param", optimizer_bytes_per_param)
+    psi, k, nd = float(n_params), float(optimizer_bytes_per_param), n_gpus
+    params, grads, optim = FP16_PARAM_BYTES * psi, FP16_GRAD_BYTES * psi, k * psi
+    if stage >= 1:
+        optim /= nd
+    if stage >= 2:
+        grads /= nd
+    if stage >= 3:
+        params /= nd
+    return ModelStateBytes(params, grads, optim)
+
+
+def zero_model_state_bytes(n_params: float, n_gpus: int, stage: int, optimizer_bytes_per_param: float = 12) -> float:
+    """Model-state bytes per GPU under ZeRO ``stage`` with ``n_gpus``-way data parallelism.
+
+    With Psi parameters, K optimizer bytes per parameter and N_d GPUs
+    (ZeRO paper, Figure 1):
+
+    - stage 0 (plain data parallelism): ``(2 + 2 + K) Psi``
+    - stage 1 (optimizer states sharded): ``2 Psi + 2 Psi + K Psi / N_d``
+    - stage 2 (+ gradients sharded): ``2 Psi + (2 + K) Psi / N_d``
+    - stage 3 (+ parameters sharded): ``(2 + 2 + K) Psi / N_d``
+    """
+    return zero_model_state_breakdown(n_params, n_gpus, stage, optimizer_bytes_per_param).total
+
+
+def zero_max_params(
+    memory_bytes_per_gpu: float, n_gpus: int, stage: int, optimizer_bytes_per_param: float = 12
+) -> float:
+    """The largest parameter count whose model states fit in ``memory_bytes_per_gpu`` under ZeRO ``stage``.
+
+    The inverse of :func:`zero_model_state_bytes`, which is linear in Psi:
+    ``memory / bytes_per_param``, with ``bytes_per_param`` = ``2 + 2 + K`` for
+    stage 0, ``4 + K / N_d`` for stage 1, ``2 + (2 + K) / N_d`` for stage 2 and
+    ``(4 + K) / N_d`` for stage 3. Activations and buffers are not counted (ZeRO
+    section 5.4 counts the same way).
+    """
+    check_positive("memory_bytes_per_gpu", memory_bytes_per_gpu)
+    return memory_bytes_per_gpu / zero_model_state_bytes(1.0, n_gpus, stage, optimizer_bytes_per_param)
+
+
+def zero_communication_volume(n_params: float, stage: int, n_gpus: int | None = None) -> float:
+    """Elements (parameters' worth, not bytes) each GPU sends per training step under ZeRO ``stage``.
+
+    ZeRO paper, section 7: plain data parallelism all-reduces the gradients as
+    a reduce-scatter plus an all-gather, ``Psi`` elements each, ``2 Psi`` in all;
+    stages 1 and 2 reduce-scatter the gradients and all-gather the updated
+    parameters, the same ``2 Psi``; stage 3 all-gathers the parameters once
+    in forward and once more in backward, and reduce-scatters the gradients:
+    ``3 Psi``, 1.5x data parallelism. These are the paper's large-``N_d``
+    figures. Given ``n_gpus``, the exact ring volume is returned instead: each
+    collective moves ``(N_d - 1) / N_d`` of its data per GPU, so
+    ``2 (N_d - 1) / N_d Psi`` or ``3 (N_d - 1) / N_d Psi``, and 0 on one GPU.
+    Multiply by the bytes per element (2 for fp16) for bytes.
+    """
+    check_positive("n_params", n_params)
+    _check_stage(stage)
+    collectives = 3 if stage == 3 else 2
+    volume = collectives * float(n_params)
+    if n_gpus is not None:
+        check_positive_int("n_gpus", n_gpus)
+        volume *= (n_gpus - 1) / n_gpus
+    return volume
