@@ -21,6 +21,13 @@ import torch.distributed as dist
 
 from utils.validate import check_nonnegative_int, check_positive_int
 
+# The flat-tensor reduce-scatter and all-gather, under the names this torch has: torch 2.13 (the book's
+# pin) calls them reduce_scatter_single / all_gather_single and deprecates the older names
+# reduce_scatter_tensor / all_gather_into_tensor, which are all that torch 2.11 has. Same arguments:
+# (output, input[, op]) for reduce-scatter, (output, input) for all-gather.
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 def chunk_bounds(numel: int, n_chunks: int) -> list[tuple[int, int]]:
     """Split ``numel`` elements into ``n_chunks`` contiguous [start, end) ranges differing in size by at most 1.

@@ -35,6 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from utils.parallel.collectives import all_gather_single, reduce_scatter_single
 from utils.validate import check_nonnegative, check_nonnegative_int, check_positive, check_positive_int
 
 
@@ -248,14 +249,11 @@ class ZeroOneOptimizer:
     def step(self) -> None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         grad_shard = torch.empty_like(self.shard)
-        # Newer torch (2.13 here) names these *_single and deprecates the old names; torch 2.11 has only the old.
-        reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        reduce_scatter(grad_shard, self._flatten(grads), op=dist.ReduceOp.SUM)
+        reduce_scatter_single(grad_shard, self._flatten(grads), op=dist.ReduceOp.SUM)
         self.shard.grad = grad_shard.div_(self.world_size)
         self.optimizer.step()
         full = torch.empty(self.shard_numel * self.world_size, dtype=self.shard.dtype, device=self.shard.device)
-        all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        all_gather(full, self.shard.detach())
+        all_gather_single(full, self.shard.detach())
         offset = 0
         for p in self.params:
             p.copy_(full[offset:offset + p.numel()].view_as(p))
