@@ -14,6 +14,7 @@ def _line(slope=1.0):
 
 
 def test_animate_embeds_one_frame_per_step():
+    pytest.importorskip("IPython", reason="a machine without Jupyter (the GPU machine)")
     calls = []
 
     def draw(ax, step):
@@ -27,6 +28,7 @@ def test_animate_embeds_one_frame_per_step():
 
 
 def test_live_returns_an_interactive_widget():
+    pytest.importorskip("ipywidgets", reason="a machine without Jupyter (the GPU machine)")
     widget = viz.live(_line, slope=(0.0, 2.0))
     assert [c.description for c in widget.children[:-1]] == ["slope"]
     plt.close("all")
@@ -43,6 +45,7 @@ def test_bad_input_raises(call):
 
 
 def test_live_starts_at_the_plot_functions_defaults():
+    pytest.importorskip("ipywidgets", reason="a machine without Jupyter (the GPU machine)")
     widget = viz.live(_line, slope=(0.0, 4.0))
     assert widget.children[0].value == 1.0
     plt.close("all")
