@@ -85,3 +85,24 @@ def test_notebook_is_stored_executed_in_order_without_errors(path):
     errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, f"{path.name}: stores an error output: {errors[0].get('ename')}: {errors[0].get('evalue')}"
     assert path.stat().st_size <= MAX_NBYTES, f"{path.name} is {path.stat().st_size} bytes; shrink its outputs"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_nbval_markers_are_cell_tags_not_comments(path):
+    """Readers of the HTML should not see test plumbing: nbval reads the tags nbval-check-output etc."""
+    nb = json.loads(path.read_text())
+    for index, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] == "code":
+            marker = re.search(r"^\s*# ?NBVAL_[A-Z_]+", "".join(cell["source"]), re.M)
+            assert not marker, f"{path.name} cell {index}: {marker.group().strip()!r} as a comment; use the tag " \
+                               f"{marker.group().strip().lstrip('# ').lower().replace('_', '-')!r}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_checked_cells_store_what_they_check(path):
+    nb = json.loads(path.read_text())
+    for index, cell in enumerate(nb["cells"]):
+        tags = cell["metadata"].get("tags", [])
+        if "nbval-check-output" in tags:
+            assert cell.get("outputs"), f"{path.name} cell {index} is tagged nbval-check-output but stores no output"
+            assert "nbval-ignore-output" not in tags, f"{path.name} cell {index} both checks and ignores its output"
