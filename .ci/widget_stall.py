@@ -1,11 +1,12 @@
 """Reproduce the lost wake-up behind issue 7: nbclient stalls on ipywidgets cells for a whole cell timeout.
 
-    .venv/bin/python .ci/widget_stall.py                 # 2 runs each of three notebooks, ~2 min
-    .venv/bin/python .ci/widget_stall.py --runs 4 --cells 150
+    .venv/bin/python .ci/widget_stall.py                 # 150 cells of each kind, about 6 min
+    .venv/bin/python .ci/widget_stall.py --busy 0        # the same on an otherwise idle machine
 
 It writes three notebooks to a temporary folder and executes each with nbclient
 (the client that `make book EXECUTE=1` and `make execute` use), with a short
-cell timeout, counting the cells that took longer than ``--stall-seconds``:
+cell timeout, while ``--busy`` processes spin on the CPU (the race needs the
+client to be slow to react, as on a loaded 2-core machine), counting the cells that took longer than ``--stall-seconds``:
 
 * ``widgets``: cells that each return an ``ipywidgets.interactive`` (an Output
   widget, which nbclient mimics by sending ``comm_msg`` on the shell socket);
@@ -16,9 +17,11 @@ cell timeout, counting the cells that took longer than ``--stall-seconds``:
 At every stall it records whether the client's shell socket holds an unread
 message (``zmq.POLLIN``): the ``execute_reply`` that the asyncio poll was not
 woken for. A stalled cell completes when its timeout expires. On 2026-11-23 (2-core
-machine, pyzmq 27.3.0, jupyter_client 8.10.0, nbclient 0.11.0, ipykernel 7.4.0)
-4 runs of 150 cells gave 13 stalls with widgets, 0 without the mimic and 0 without
-widgets. If a future release shows no stall in ``widgets``, the live-widget cells
+machine, pyzmq 27.3.0, jupyter_client 8.10.0, nbclient 0.11.0, ipykernel 7.4.0),
+with two busy processes beside it (the default), 150 cells gave 20 stalls with
+widgets, the reply already waiting at all 20, and none without the mimic or
+without widgets; with other builds beside it, 600 cells gave 13, 0 and 0; on an
+idle machine (``--busy 0``), 200 cells of each kind gave no stall at all. If a future release shows no stall in ``widgets``, the live-widget cells
 could be executed by the book build again (README, "Why the live-widget cells ...").
 """
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -92,12 +96,14 @@ def run(kind: str, n_cells: int, stall_seconds: float, folder: Path) -> list[tup
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--cells", type=int, default=100)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--cells", type=int, default=150)
+    parser.add_argument("--busy", type=int, default=2, help="processes that keep the CPU busy meanwhile")
     parser.add_argument("--stall-seconds", type=float, default=5.0,
                         help="a cell slower than this counts as stalled; the cell timeout is 3x this")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     with tempfile.TemporaryDirectory() as tmp:
         for kind in CELLS:
             stalls = []
@@ -106,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             waiting = sum(pending for _, _, pending in stalls)
             print(f"{kind:>9}: {len(stalls)} of {args.runs * args.cells} cells stalled; "
                   f"at {waiting} of those stalls the reply was already waiting in the shell socket", flush=True)
+    for p in spinners:
+        p.kill()
     return 0
 
 
