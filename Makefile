@@ -65,10 +65,11 @@ nbval: $(STAMP)
 lab: $(STAMP)
 	$(BIN)/jupyter lab
 
-# JOBS notebooks at a time. nbconvert skips cells tagged skip-execution, as the book build does.
+# JOBS notebooks at a time, every cell (the live widgets too), with nbclient's Output-widget mimic
+# off: see .ci/execute_notebook.py.
 execute: $(STAMP)
-	printf '%s\n' $(NOTEBOOKS) | xargs -P $(JOBS) -I{} $(BIN)/jupyter nbconvert --to notebook \
-		--execute --inplace --ExecutePreprocessor.timeout=$(CELL_TIMEOUT) --log-level=WARN {}
+	printf '%s\n' $(NOTEBOOKS) | xargs -P $(JOBS) -I{} $(BIN)/python .ci/execute_notebook.py \
+		--timeout $(CELL_TIMEOUT) {}
 
 # Repeat the executed build from a clean _build and report stalls (.ci/repeat_book.py).
 book-repeat: $(STAMP)
