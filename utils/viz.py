@@ -5,8 +5,9 @@ returns a Matplotlib figure. A page then uses it three ways:
 
 1. ``plot_fn(**defaults)``: the static figure the HTML book shows;
 2. :func:`live` ``(plot_fn, n=(1, 64), ...)``: sliders for a reader in Jupyter
-   (an ``ipywidgets.interact``; it needs a running kernel, so the cell carries
-   ``# NBVAL_IGNORE_OUTPUT`` and the ``remove-output`` tag);
+   (an ``ipywidgets.interactive``; it needs a running kernel, so the cell carries
+   the tags ``nbval-ignore-output``, ``remove-output`` and ``skip-execution``:
+   the book build does not run it, see the README);
 3. :func:`animate` ``(draw_step, n_steps)``: a step-by-step algorithm as a
    scrubbable animation (``FuncAnimation.to_jshtml``) that plays in the static
    HTML with no kernel.
