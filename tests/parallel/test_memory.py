@@ -124,3 +124,72 @@ def test_new_functions_reject_bad_input(call):
 
 def test_volume_is_finite_for_huge_models():
     assert math.isfinite(zero_communication_volume(1e15, 3, 10**6))
+
+
+# Activation memory: Korthikanti et al. 2022, arXiv:2205.05198, Table 2 and section 5.
+from utils.parallel.memory import (  # noqa: E402
+    activation_bytes_per_layer,
+    tensor_parallel_allreduce_bytes_per_layer,
+)
+
+GPT3 = dict(seq_len=2048, hidden=12288, n_heads=96)  # the paper's Table 3 row for GPT-3 175B
+MT_NLG = dict(seq_len=2048, hidden=20480, n_heads=128)  # the 530B row
+
+
+@pytest.mark.parametrize("s, b, h, a, t", [(2048, 1, 12288, 96, 8), (4096, 2, 4096, 32, 4), (1024, 4, 2048, 16, 1)])
+def test_activation_bytes_follow_table_2(s, b, h, a, t):
+    sbh = s * b * h
+    rows = {
+        (1, False, "none"): sbh * (34 + 5 * a * s / h),
+        (t, False, "none"): sbh * (10 + 24 / t + 5 * a * s / (h * t)),
+        (t, True, "none"): sbh * (34 / t + 5 * a * s / (h * t)),
+        (t, False, "selective"): sbh * (10 + 24 / t),
+        (t, True, "selective"): sbh * 34 / t,
+        (t, False, "full"): 2 * sbh,
+    }
+    for (tp, sp, recompute), expected in rows.items():
+        got = activation_bytes_per_layer(s, b, h, a, tp=tp, sequence_parallel=sp, recompute=recompute)
+        assert got == pytest.approx(expected), (tp, sp, recompute)
+
+
+def test_attention_term_of_gpt3_is_80():
+    """Section 4.1: "for GPT-3, a = 96, s = 2048 and h = 12288, hence 5as/h = 80"."""
+    whole = activation_bytes_per_layer(micro_batch=1, **GPT3)
+    sbh = 2048 * 12288
+    assert whole / sbh - 34 == pytest.approx(80)
+
+
+@pytest.mark.parametrize("model, saving", [(GPT3, 0.70), (MT_NLG, 0.65)])
+def test_selective_recompute_saves_70_and_65_percent(model, saving):
+    """Section 4.3: selective recomputation cuts activation memory by 70% for GPT-3 and 65% for MT-NLG."""
+    kw = dict(micro_batch=1, tp=8, sequence_parallel=True, **model)
+    kept = activation_bytes_per_layer(recompute="selective", **kw) / activation_bytes_per_layer(**kw)
+    assert 1 - kept == pytest.approx(saving, abs=0.005)
+
+
+def test_sequence_parallel_shards_everything_but_full_recompute_input_by_t():
+    kw = dict(seq_len=2048, micro_batch=1, hidden=4096, n_heads=32)
+    assert activation_bytes_per_layer(tp=4, sequence_parallel=True, **kw) == pytest.approx(
+        activation_bytes_per_layer(**kw) / 4)
+    assert activation_bytes_per_layer(tp=4, sequence_parallel=True, recompute="full", **kw) == pytest.approx(
+        activation_bytes_per_layer(tp=1, recompute="full", **kw) / 4)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(recompute="some"), "recompute must be one of"),
+    (dict(tp=0), "tp"),
+    (dict(n_heads=7), "multiple of n_heads"),
+    (dict(sequence_parallel=1), "sequence_parallel"),
+    (dict(seq_len=1.5), "seq_len"),
+])
+def test_activation_bytes_bad_input(kwargs, match):
+    args = dict(seq_len=128, micro_batch=1, hidden=64, n_heads=4) | kwargs
+    with pytest.raises(ValueError, match=match):
+        activation_bytes_per_layer(**args)
+
+
+def test_tensor_parallel_allreduce_is_s_b_h_elements():
+    assert tensor_parallel_allreduce_bytes_per_layer(2048, 1, 12288) == 2048 * 12288 * 2
+    assert tensor_parallel_allreduce_bytes_per_layer(8, 2, 4, element_size=4) == 8 * 2 * 4 * 4
+    with pytest.raises(ValueError, match="element_size"):
+        tensor_parallel_allreduce_bytes_per_layer(8, 2, 4, element_size=3)

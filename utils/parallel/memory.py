@@ -1,4 +1,4 @@
-"""How many bytes a model's training state takes on each GPU, and what sharding it costs in traffic.
+"""How many bytes a model's training state and activations take on each GPU, and what sharding costs in traffic.
 
 Mixed-precision training with Adam keeps, per parameter, an fp16 weight
 (2 bytes), an fp16 gradient (2 bytes) and ``K`` bytes of optimizer state: an
@@ -7,6 +7,10 @@ fp32 master weight, momentum and variance, ``K = 12`` (Rajbhandari et al.,
 arXiv:1910.02054, section 3.1). ZeRO's three stages shard, in turn, the
 optimizer state, the gradients and the parameters across the ``N_d``
 data-parallel GPUs (section 5); stage 0 here means plain data parallelism.
+
+Activations are the other half of the bill: :func:`activation_bytes_per_layer`
+is Table 2 of Korthikanti et al. 2022, with tensor and sequence parallelism
+and selective or full recomputation.
 
 Published figures these calculators reproduce are collected in
 :data:`ZERO_PAPER_FIGURES` (the tests check every one).
@@ -17,7 +21,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from utils.published import Published
-from utils.validate import check_nonnegative, check_positive, check_positive_int
+from utils.validate import check_element_size, check_nonnegative, check_positive, check_positive_int
 
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -143,3 +147,73 @@ def zero_communication_volume(n_params: float, stage: int, n_gpus: int | None = 
         check_positive_int("n_gpus", n_gpus)
         volume *= (n_gpus - 1) / n_gpus
     return volume
+
+
+RECOMPUTE_KINDS = ("none", "selective", "full")
+
+_KORTHIKANTI = ("Korthikanti et al., 'Reducing Activation Recomputation in Large Transformer Models', "
+                "arXiv:2205.05198, Table 2")
+
+
+def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, n_heads: int, tp: int = 1,
+                               sequence_parallel: bool = False, recompute: str = "none") -> float:
+    """Bytes of activations one transformer layer stores for backward on one GPU, in 16-bit training.
+
+    Korthikanti et al. 2022 (arXiv:2205.05198), section 4 and Table 2, with
+    s = ``seq_len``, b = ``micro_batch``, h = ``hidden``, a = ``n_heads`` and
+    t = ``tp`` (the tensor-parallel size):
+
+    ============================================  ==========================
+    no parallelism (t = 1)                        ``sbh (34 + 5as/h)``
+    tensor parallel                               ``sbh (10 + 24/t + 5as/(ht))``
+    tensor + sequence parallel                    ``sbh (34/t + 5as/(ht))``
+    tensor parallel + selective recompute         ``sbh (10 + 24/t)``
+    tensor + sequence parallel + selective        ``sbh (34/t)``
+    full recompute                                ``sbh 2``
+    ============================================  ==========================
+
+    The ``5as/h`` term is the attention scores, softmax output and its dropout
+    mask (``5as^2b`` bytes); selective recomputation drops exactly it. The
+    ``10`` of the tensor-parallel rows is the LayerNorm and dropout activations
+    that plain tensor parallelism replicates, which sequence parallelism
+    shards by ``t``. Full recomputation keeps only each layer's 16-bit input,
+    ``2sbh`` bytes; with sequence parallelism that input is itself split along
+    the sequence, so we divide it by ``t`` (the table's row is for one GPU's
+    unsplit input). Dropout masks are one byte per element, as in the paper.
+    """
+    s = check_positive_int("seq_len", seq_len)
+    b = check_positive_int("micro_batch", micro_batch)
+    h = check_positive_int("hidden", hidden)
+    a = check_positive_int("n_heads", n_heads)
+    t = check_positive_int("tp (tensor-parallel size)", tp)
+    if not isinstance(sequence_parallel, bool):
+        raise ValueError(f"sequence_parallel must be True or False, got {sequence_parallel!r}")
+    if recompute not in RECOMPUTE_KINDS:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_KINDS}, got {recompute!r}")
+    if h % a:
+        raise ValueError(f"hidden ({h}) must be a multiple of n_heads ({a})")
+    sbh = float(s) * b * h
+    if recompute == "full":
+        return 2 * sbh / (t if sequence_parallel else 1)
+    replicated = 34 / t if sequence_parallel else 10 + 24 / t
+    attention = 0.0 if recompute == "selective" else 5 * a * s / (h * t)
+    return sbh * (replicated + attention)
+
+
+def tensor_parallel_allreduce_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int,
+                                              element_size: int = 2) -> float:
+    """Bytes of one of the all-reduces tensor parallelism does per transformer layer: ``s b h`` elements.
+
+    Megatron-LM (Shoeybi et al. 2019, arXiv:1909.08053, section 3 and Figure 4):
+    each layer all-reduces its ``s x b x h`` output twice in forward (after
+    attention and after the MLP, the ``g`` operator) and twice in backward
+    (the ``f`` operator), four all-reduces of this size per layer per
+    micro-batch. Sequence parallelism (Korthikanti et al. 2022, section 4.2.2)
+    replaces each by a reduce-scatter plus an all-gather of the same total
+    volume. A ring all-reduce over ``t`` GPUs sends ``2 (t - 1) / t`` times
+    this many bytes from each GPU.
+    """
+    s = check_positive_int("seq_len", seq_len)
+    b = check_positive_int("micro_batch", micro_batch)
+    h = check_positive_int("hidden", hidden)
+    return float(s) * b * h * check_element_size(element_size)
