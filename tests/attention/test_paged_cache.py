@@ -1,0 +1,96 @@
+import pytest
+import torch
+
+from utils.attention import OutOfBlocksError, PagedKVCache
+
+H, D = 2, 4
+
+
+def _tokens(n, start=0):
+    k = torch.arange(start, start + n, dtype=torch.float32)[:, None, None].expand(n, H, D).clone()
+    return k, -k
+
+
+def test_gather_returns_what_was_appended_across_blocks():
+    cache = PagedKVCache(num_blocks=8, block_size=4, n_kv_heads=H, head_dim=D)
+    seq = cache.add_sequence()
+    for start, n in ((0, 3), (3, 1), (4, 6)):
+        cache.append(seq, *_tokens(n, start))
+    k, v = cache.gather(seq)
+    expected_k, expected_v = _tokens(10)
+    torch.testing.assert_close(k, expected_k)
+    torch.testing.assert_close(v, expected_v)
+    assert len(cache.block_table(seq)) == 3 and cache.num_free_blocks == 5
+
+
+def test_fork_shares_every_block_and_copies_nothing():
+    cache = PagedKVCache(num_blocks=8, block_size=4, n_kv_heads=H, head_dim=D)
+    parent = cache.add_sequence()
+    cache.append(parent, *_tokens(6))
+    free_before = cache.num_free_blocks
+    child = cache.fork(parent)
+    assert cache.block_table(child) == cache.block_table(parent)
+    assert cache.num_free_blocks == free_before and cache.copies == 0
+    assert all(cache.refcount(b) == 2 for b in cache.block_table(parent))
+
+
+def test_writing_into_a_shared_block_copies_it_first():
+    cache = PagedKVCache(num_blocks=8, block_size=4, n_kv_heads=H, head_dim=D)
+    parent = cache.add_sequence()
+    cache.append(parent, *_tokens(6))  # blocks: [full, half-full]
+    child = cache.fork(parent)
+    cache.append(child, *_tokens(1, start=100))
+    parent_table, child_table = cache.block_table(parent), cache.block_table(child)
+    assert parent_table[0] == child_table[0] and parent_table[1] != child_table[1]
+    assert cache.copies == 1
+    torch.testing.assert_close(cache.gather(parent)[0], _tokens(6)[0])  # the parent is untouched
+    torch.testing.assert_close(cache.gather(child)[0], torch.cat([_tokens(6)[0], _tokens(1, 100)[0]]))
+    cache.append(parent, *_tokens(1, start=200))  # the parent now owns its tail alone: no copy
+    assert cache.copies == 1
+
+
+def test_a_full_shared_tail_needs_no_copy():
+    cache = PagedKVCache(num_blocks=8, block_size=4, n_kv_heads=H, head_dim=D)
+    parent = cache.add_sequence()
+    cache.append(parent, *_tokens(4))
+    child = cache.fork(parent)
+    cache.append(child, *_tokens(2, 4))
+    assert cache.copies == 0 and cache.block_table(child)[0] == cache.block_table(parent)[0]
+
+
+def test_free_returns_blocks_only_when_no_sequence_uses_them():
+    cache = PagedKVCache(num_blocks=4, block_size=2, n_kv_heads=H, head_dim=D)
+    parent = cache.add_sequence()
+    cache.append(parent, *_tokens(4))
+    child = cache.fork(parent)
+    cache.free(parent)
+    assert cache.num_free_blocks == 2
+    cache.free(child)
+    assert cache.num_free_blocks == 4
+    with pytest.raises(ValueError, match="no sequence"):
+        cache.gather(child)
+
+
+def test_running_out_of_blocks_says_so_and_loses_nothing():
+    cache = PagedKVCache(num_blocks=2, block_size=2, n_kv_heads=H, head_dim=D)
+    seq = cache.add_sequence()
+    cache.append(seq, *_tokens(3))
+    with pytest.raises(OutOfBlocksError, match="needs 1 free blocks, but only 0"):
+        cache.append(seq, *_tokens(2, 3))
+    assert cache.length(seq) == 3
+    torch.testing.assert_close(cache.gather(seq)[0], _tokens(3)[0])
+    cache.append(seq, *_tokens(1, 3))  # the last free slot still works
+    assert cache.length(seq) == 4
+
+
+@pytest.mark.parametrize("k_shape, v_shape", [((3, H, D + 1), (3, H, D + 1)), ((3, H, D), (2, H, D)), ((H, D), (H, D))])
+def test_wrong_shapes_raise(k_shape, v_shape):
+    cache = PagedKVCache(num_blocks=2, block_size=2, n_kv_heads=H, head_dim=D)
+    seq = cache.add_sequence()
+    with pytest.raises(ValueError, match="must both have shape"):
+        cache.append(seq, torch.zeros(k_shape), torch.zeros(v_shape))
+
+
+def test_bad_sizes_raise():
+    with pytest.raises(ValueError, match="block_size"):
+        PagedKVCache(num_blocks=2, block_size=0, n_kv_heads=H, head_dim=D)

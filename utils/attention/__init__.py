@@ -1,0 +1,19 @@
+"""Part 3, attention variants: what modern decoder-only models compute in attention, and what it costs.
+
+Modules:
+
+- :mod:`utils.attention.kv_cache`: KV-cache bytes of MHA, GQA, MQA and MLA,
+  and the configurations of LLaMA-2, Llama 3, Mistral and DeepSeek-V2/V3;
+- :mod:`utils.attention.paged_cache`: a paged KV cache with block tables and
+  copy-on-write (vLLM's PagedAttention memory manager).
+
+The calculators and the paged cache are re-exported here
+(``utils.attention.kv_cache_bytes``, ``utils.attention.PagedKVCache``), the
+names part 3's pages and tests use.
+"""
+
+from utils.attention.kv_cache import MODELS, AttentionConfig, kv_cache_bytes, mla_kv_cache_bytes
+from utils.attention.paged_cache import OutOfBlocksError, PagedKVCache
+
+__all__ = ["MODELS", "AttentionConfig", "OutOfBlocksError", "PagedKVCache", "kv_cache_bytes",
+           "mla_kv_cache_bytes"]
