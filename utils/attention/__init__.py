@@ -4,6 +4,8 @@ Modules:
 
 - :mod:`utils.attention.llama`: RMSNorm, SwiGLU, RoPE, grouped-query
   attention with a KV cache, and a tiny LLaMA-style decoder built from them;
+- :mod:`utils.attention.mla`: multi-head latent attention, naive and with
+  the up-projections absorbed (DeepSeek-V2);
 - :mod:`utils.attention.kv_cache`: KV-cache bytes of MHA, GQA, MQA and MLA,
   and the configurations of LLaMA-2, Llama 3, Mistral and DeepSeek-V2/V3;
 - :mod:`utils.attention.paged_cache`: a paged KV cache with block tables and
