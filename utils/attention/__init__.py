@@ -9,7 +9,9 @@ Modules:
 - :mod:`utils.attention.kv_cache`: KV-cache bytes of MHA, GQA, MQA and MLA,
   and the configurations of LLaMA-2, Llama 3, Mistral and DeepSeek-V2/V3;
 - :mod:`utils.attention.paged_cache`: a paged KV cache with block tables and
-  copy-on-write (vLLM's PagedAttention memory manager).
+  copy-on-write (vLLM's PagedAttention memory manager);
+- :mod:`utils.attention.allocation`: a serving simulator of the memory that
+  contiguous and paged allocation waste, against the vLLM paper's Figure 2.
 
 The calculators and the paged cache are re-exported here
 (``utils.attention.kv_cache_bytes``, ``utils.attention.PagedKVCache``), the

@@ -1,0 +1,207 @@
+"""Where KV-cache memory goes under contiguous and paged allocation: a serving simulator.
+
+Kwon et al. ("Efficient Memory Management for Large Language Model Serving
+with PagedAttention", arXiv:2309.06180, section 3 and Figure 2) split the KV
+memory of a serving system into four parts:
+
+- **token states**: slots holding the keys and values of tokens that exist;
+- **reservation**: slots reserved for tokens a request will generate later;
+- **internal fragmentation**: reserved slots the request will never use
+  (it stopped before the length it reserved for);
+- **external fragmentation**: free memory that cannot be used, because no
+  free gap is large enough for the next request's contiguous reservation.
+
+A contiguous allocator must reserve a request's maximum length up front: the
+model's context (``"max"``), the next power of two of the true length
+(``"pow2"``) or, with an oracle, exactly the true length (``"oracle"``), the
+three Orca variants of the paper. A paged allocator (``"paged"``) takes a
+``block_size``-token block whenever a sequence fills its last one, so only the
+tail of the last block is wasted.
+
+The paper measured, over its ShareGPT traces, 20.4%, 26.8% and 38.2% of the KV
+memory holding token states for Orca (Max), (Pow2) and (Oracle), and 96.3% for
+vLLM (:data:`VLLM_TOKEN_STATE_SHARE`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from utils.published import Published
+from utils.validate import check_positive, check_positive_int
+
+POLICIES = ("max", "pow2", "oracle", "paged")
+
+_VLLM = "Kwon et al., 'Efficient Memory Management for Large Language Model Serving with PagedAttention', " \
+        "arXiv:2309.06180, Figure 2"
+VLLM_TOKEN_STATE_SHARE = {
+    policy: Published(value, "share of KV-cache memory holding token states", _VLLM)
+    for policy, value in (("max", 0.204), ("pow2", 0.268), ("oracle", 0.382), ("paged", 0.963))
+}
+"""Average share of KV memory used by token states, by allocation policy, as the vLLM paper measured it."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """A request arriving at step ``arrival`` with a prompt and the number of tokens it will generate."""
+
+    arrival: int
+    prompt_len: int
+    output_len: int
+
+    @property
+    def final_len(self) -> int:
+        return self.prompt_len + self.output_len
+
+
+@dataclass(frozen=True)
+class MemoryShares:
+    """Shares of the KV-cache capacity, averaged over the saturated steps (they sum to 1 with ``free``)."""
+
+    token_states: float
+    reservation: float
+    internal: float
+    external: float
+    free: float
+    finished: int
+    steps: int
+    """Saturated steps sampled."""
+    preempted: int = 0
+    """Sequences evicted (to be recomputed) because a paged cache had no block for their next token."""
+
+
+def sample_requests(n: int, mean_prompt: float, mean_output: float, max_len: int, arrivals_per_step: float,
+                    seed: int = 0) -> list[Request]:
+    """``n`` requests with exponentially distributed prompt and output lengths, capped at ``max_len`` in all.
+
+    Arrivals are a Poisson process of ``arrivals_per_step`` requests per decoding step.
+    """
+    for name, value in (("n", n), ("max_len", max_len)):
+        check_positive_int(name, value)
+    for name, value in (("mean_prompt", mean_prompt), ("mean_output", mean_output),
+                        ("arrivals_per_step", arrivals_per_step)):
+        check_positive(name, value, finite=True)
+    rng = np.random.default_rng(seed)
+    prompts = np.clip(np.ceil(rng.exponential(mean_prompt, n)), 1, max_len - 1).astype(int)
+    outputs = np.clip(np.ceil(rng.exponential(mean_output, n)), 1, max_len - prompts).astype(int)
+    arrivals = np.floor(np.cumsum(rng.exponential(1 / arrivals_per_step, n))).astype(int)
+    return [Request(int(a), int(p), int(o)) for a, p, o in zip(arrivals, prompts, outputs)]
+
+
+def _reserve(request: Request, policy: str, max_len: int) -> int:
+    if policy == "max":
+        return max_len
+    if policy == "pow2":
+        return min(max_len, 1 << math.ceil(math.log2(request.final_len)))
+    return request.final_len
+
+
+def _first_fit(gaps: list[tuple[int, int]], size: int) -> int | None:
+    for start, length in gaps:
+        if length >= size:
+            return start
+    return None
+
+
+def _gaps(capacity: int, used: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Free (start, length) runs of an address space of ``capacity`` slots, given the used runs."""
+    gaps, cursor = [], 0
+    for start, length in sorted(used):
+        if start > cursor:
+            gaps.append((cursor, start - cursor))
+        cursor = start + length
+    if cursor < capacity:
+        gaps.append((cursor, capacity - cursor))
+    return gaps
+
+
+def simulate(requests: list[Request], policy: str, capacity_tokens: int, max_len: int = 2048,
+             block_size: int = 16) -> MemoryShares:
+    """Serve ``requests`` first come, first served, one token per running request per step.
+
+    The cache holds ``capacity_tokens`` token slots. A request is admitted
+    when its memory can be found: a contiguous run of its reservation, or
+    (``"paged"``) the blocks for its prompt and first output token. Memory is
+    sampled at every step at which some request is waiting for memory (the
+    server is saturated, as in the paper's measurements), and the shares are
+    averaged over those steps; with no such step they are all 0.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    check_positive_int("capacity_tokens", capacity_tokens)
+    check_positive_int("max_len", max_len)
+    check_positive_int("block_size", block_size)
+    if any(r.final_len > max_len for r in requests):
+        raise ValueError(f"every request must fit in max_len = {max_len} tokens (prompt + output)")
+    if policy != "paged" and max_len > capacity_tokens:
+        raise ValueError(f"capacity_tokens ({capacity_tokens}) must hold one max_len ({max_len}) reservation")
+    pending = sorted(requests, key=lambda r: r.arrival)
+    waiting: list[Request] = []
+    # admission number -> [request, tokens so far, start slot (contiguous), reserved slots or blocks held]
+    running: dict[int, list] = {}
+    free_blocks = capacity_tokens // block_size
+    totals = np.zeros(5)
+    steps = finished = step = preempted = admitted = 0
+    while pending or waiting or running:
+        while pending and pending[0].arrival <= step:
+            waiting.append(pending.pop(0))
+        for key in list(running):  # decode: one more token for every running request
+            if key not in running:
+                continue  # preempted earlier in this step
+            entry = running[key]
+            if policy == "paged" and entry[1] + 1 > block_size * entry[3]:
+                if free_blocks == 0:  # preempt the latest admitted request, as vLLM does (section 4.5)
+                    victim = next(reversed(running))
+                    victim_entry = running.pop(victim)
+                    free_blocks += victim_entry[3]
+                    waiting.insert(0, victim_entry[0])
+                    preempted += 1
+                    if victim == key:
+                        continue
+                free_blocks -= 1
+                entry[3] += 1
+            entry[1] += 1
+            if entry[1] >= entry[0].final_len:
+                free_blocks += entry[3] if policy == "paged" else 0
+                del running[key]
+                finished += 1
+        while waiting:  # admit in arrival order until the head does not fit; prefill makes its first token
+            request = waiting[0]
+            first = request.prompt_len + 1
+            if policy == "paged":
+                need = math.ceil(first / block_size)
+                if need > free_blocks:
+                    break
+                free_blocks -= need
+                running[admitted] = [request, first, None, need]
+            else:
+                size = _reserve(request, policy, max_len)
+                start = _first_fit(_gaps(capacity_tokens, [(v[2], v[3]) for v in running.values()]), size)
+                if start is None:
+                    break
+                running[admitted] = [request, first, start, size]
+            waiting.pop(0)
+            admitted += 1
+            if first >= request.final_len:  # a one-token answer is done at prefill
+                entry = running.popitem()[1]
+                free_blocks += entry[3] if policy == "paged" else 0
+                finished += 1
+        step += 1
+        if not waiting:  # sample only a saturated server: some request is waiting for memory
+            continue
+        tokens = sum(v[1] for v in running.values())
+        if policy == "paged":
+            allocated = block_size * sum(v[3] for v in running.values())
+            reservation, internal, external = 0, allocated - tokens, 0
+        else:
+            allocated = sum(v[3] for v in running.values())
+            reservation = sum(min(v[3], v[0].final_len) - v[1] for v in running.values())
+            internal, external = allocated - tokens - reservation, capacity_tokens - allocated
+        free = capacity_tokens - tokens - reservation - internal - external
+        totals += np.array([tokens, reservation, internal, external, free]) / capacity_tokens
+        steps += 1
+    shares = totals / max(steps, 1)
+    return MemoryShares(*map(float, shares), finished=finished, steps=steps, preempted=preempted)
