@@ -6,6 +6,8 @@ Modules:
   attention with a KV cache, and a tiny LLaMA-style decoder built from them;
 - :mod:`utils.attention.mla`: multi-head latent attention, naive and with
   the up-projections absorbed (DeepSeek-V2);
+- :mod:`utils.attention.flash_reference`: online softmax, FlashAttention's
+  tiled forward and recomputing backward in plain PyTorch, and its HBM traffic;
 - :mod:`utils.attention.kv_cache`: KV-cache bytes of MHA, GQA, MQA and MLA,
   and the configurations of LLaMA-2, Llama 3, Mistral and DeepSeek-V2/V3;
 - :mod:`utils.attention.paged_cache`: a paged KV cache with block tables and

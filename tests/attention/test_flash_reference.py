@@ -1,0 +1,71 @@
+import math
+
+import pytest
+import torch
+
+from utils.attention.flash_reference import (
+    attention_hbm_bytes,
+    attention_reference,
+    online_softmax_steps,
+    tiled_attention,
+)
+
+
+def test_online_softmax_worked_example():
+    """x1 = [1, 2], x2 = [3, 4]: after the first block m = 2, l = e^-1 + 1; after the second, softmax of all four."""
+    first, last = online_softmax_steps([[1, 2], [3, 4]])
+    assert first.m == 2 and first.l == pytest.approx(math.exp(-1) + 1)
+    full = torch.softmax(torch.tensor([1.0, 2, 3, 4], dtype=torch.float64), 0).tolist()
+    assert last.m == 4 and last.probabilities == pytest.approx(full)
+    with pytest.raises(ValueError, match="non-empty"):
+        online_softmax_steps([[1.0], []])
+
+
+@pytest.mark.parametrize("causal, n_q, n_k, d, block_q, block_k", [
+    (False, 37, 37, 16, 16, 8), (True, 37, 37, 16, 16, 8), (False, 5, 70, 8, 4, 32),
+    (False, 64, 64, 32, 64, 64), (True, 64, 64, 32, 64, 64)])
+def test_tiled_forward_and_gradients_match_float64(causal, n_q, n_k, d, block_q, block_k):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, n, d, dtype=torch.float64, requires_grad=True) for n in (n_q, n_k, n_k))
+    d_out = torch.randn(2, 3, n_q, d, dtype=torch.float64)
+    expected = attention_reference(q, k, v, causal)
+    grads = torch.autograd.grad(expected, (q, k, v), d_out)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    got = tiled_attention(q32, k32, v32, causal, block_q=block_q, block_k=block_k)
+    got_grads = torch.autograd.grad(got, (q32, k32, v32), d_out.float())
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+    for g, e in zip(got_grads, grads):
+        torch.testing.assert_close(g.double(), e, rtol=1e-4, atol=1e-4)
+
+
+def test_matches_sdpa():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 50, 16) for _ in range(3))
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(tiled_attention(q, k, v, causal=True, block_q=16, block_k=16), expected)
+
+
+@pytest.mark.parametrize("args, match", [
+    ((torch.zeros(1, 2, 3), torch.zeros(1, 2, 3), torch.zeros(1, 2, 3)), "4-D"),
+    ((torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 6, 4)), "do not match"),
+    ((torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 5, 8), torch.zeros(1, 2, 5, 8)), "do not match"),
+])
+def test_bad_shapes_raise(args, match):
+    with pytest.raises(ValueError, match=match):
+        tiled_attention(*args)
+
+
+def test_causal_needs_square_attention():
+    with pytest.raises(ValueError, match="causal"):
+        tiled_attention(torch.zeros(1, 1, 3, 4), torch.zeros(1, 1, 5, 4), torch.zeros(1, 1, 5, 4), causal=True)
+
+
+def test_flash_reads_far_fewer_bytes_at_long_sequences():
+    """Dao et al. 2022, section 3.2: Theta(N^2 d / B_r) HBM accesses against Theta(N d + N^2)."""
+    standard, flash = attention_hbm_bytes(4096, 64)
+    assert standard == (4 * 4096 * 64 + 4 * 4096 ** 2) * 2
+    assert flash == (2 * 4096 * 64 + 2 * 32 * 4096 * 64) * 2 + 4 * 4096
+    assert flash < standard / 3
+    s1, f1 = attention_hbm_bytes(2048, 128)
+    s2, f2 = attention_hbm_bytes(4096, 128)
+    assert s2 / s1 == pytest.approx(4, rel=0.05) and f2 / f1 == pytest.approx(4, rel=0.05)
