@@ -1,0 +1,51 @@
+"""utils.kernels.flash_attention: the Triton forward and backward against a float64 reference, on odd shapes."""
+
+import pytest
+import torch
+
+from utils.attention.flash_reference import attention_reference
+from utils.device import device, manual_seed
+from utils.kernels.flash_attention import flash_attention
+
+TOLERANCE = {torch.float32: dict(rtol=2e-4, atol=2e-4), torch.float16: dict(rtol=2e-2, atol=2e-2)}
+
+
+def _inputs(batch, heads, n_q, n_k, d, dtype):
+    manual_seed(0)
+    shapes = ((batch, heads, n_q, d), (batch, heads, n_k, d), (batch, heads, n_k, d))
+    return [torch.randn(s, dtype=torch.float64, device=device()) for s in shapes]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("causal, n_q, n_k, d", [(False, 37, 53, 16), (True, 45, 45, 64), (False, 20, 20, 128),
+                                                  (True, 16, 16, 32)])
+def test_forward_and_gradients_match_float64(dtype, causal, n_q, n_k, d):
+    q64, k64, v64 = (t.requires_grad_() for t in _inputs(2, 2, n_q, n_k, d, dtype))
+    d_out = torch.randn(2, 2, n_q, d, dtype=torch.float64, device=device())
+    expected = attention_reference(q64, k64, v64, causal)
+    expected_grads = torch.autograd.grad(expected, (q64, k64, v64), d_out)
+    q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q64, k64, v64))
+    out = flash_attention(q, k, v, causal=causal, block_m=16, block_n=16)
+    assert out.dtype == dtype and out.shape == q.shape
+    grads = torch.autograd.grad(out, (q, k, v), d_out.to(dtype))
+    torch.testing.assert_close(out.double(), expected, **TOLERANCE[dtype])
+    for name, got, want in zip("qkv", grads, expected_grads):
+        torch.testing.assert_close(got.double(), want, **TOLERANCE[dtype], msg=lambda m, n=name: f"d{n}: {m}")
+
+
+def test_default_tiles_and_a_custom_scale():
+    q, k, v = (t.float() for t in _inputs(1, 3, 70, 70, 16, torch.float32))
+    out = flash_attention(q, k, v, causal=True, sm_scale=0.5)
+    torch.testing.assert_close(out, attention_reference(q, k, v, causal=True, sm_scale=0.5), rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("shapes, kwargs, match", [
+    (((1, 1, 8, 24), (1, 1, 8, 24), (1, 1, 8, 24)), {}, "head_dim must be one of"),
+    (((1, 1, 8, 16), (1, 1, 9, 16), (1, 1, 8, 16)), {}, "do not match"),
+    (((1, 1, 8, 16), (1, 1, 9, 16), (1, 1, 9, 16)), dict(causal=True), "causal"),
+    (((1, 1, 8, 16), (1, 1, 8, 16), (1, 1, 8, 16)), dict(block_m=24), "power of two"),
+])
+def test_bad_input_raises(shapes, kwargs, match):
+    q, k, v = (torch.zeros(s, device=device()) for s in shapes)
+    with pytest.raises(ValueError, match=match):
+        flash_attention(q, k, v, **kwargs)

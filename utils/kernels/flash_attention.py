@@ -1,0 +1,241 @@
+"""FlashAttention in Triton: a fused forward and backward that never write the N x N scores to memory.
+
+The algorithm is :mod:`utils.attention.flash_reference` (Dao et al. 2022,
+arXiv:2205.14135; the loop order of FlashAttention-2, Dao 2023,
+arXiv:2307.08691): one program owns ``BLOCK_M`` query rows of one head and
+walks over ``BLOCK_N``-key tiles of K and V, keeping the running maximum
+``m_i``, denominator ``l_i`` and unnormalised output ``acc`` in registers. It
+writes O and the log-sum-exp ``L`` per row. The exponentials use ``exp2`` with
+the scale folded into ``log2(e) * sm_scale``, as Triton's fused-attention
+tutorial does (``exp2`` is one instruction on NVIDIA GPUs).
+
+The backward (FlashAttention-2, Algorithm 2) is two kernels: one program per
+tile of keys accumulates ``dK`` and ``dV`` over all query tiles, one program
+per tile of queries accumulates ``dQ`` over all key tiles. Both recompute
+``P = exp(S - L)`` tile by tile from the saved ``L``; ``D = rowsum(dO * O)``
+comes from PyTorch first.
+
+On a CPU the kernels run under Triton's interpreter (fp32 and fp16; bf16 is
+refused there, see :func:`utils.device.check_dtype`). fp32 inputs are
+multiplied in IEEE fp32, not TF32, so results compare with a float64
+reference at fp32 tolerances.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from utils.attention.flash_reference import check_qkv
+from utils.device import check_tensors
+from utils.validate import check_positive_int
+
+HEAD_DIMS = (16, 32, 64, 128, 256)
+"""Head sizes the kernels take: ``tl.dot`` needs a power of two of at least 16."""
+LOG2_E = 1.4426950408889634
+
+
+@triton.jit
+def _flash_forward_kernel(Q, K, V, O, LSE, sm_scale,
+                          s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_ob, s_oh, s_on,
+                          n_heads, n_q, n_k,
+                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    """Program (i, b*h) writes O and L for query rows ``i*BLOCK_M ..`` of head ``h`` of batch ``b``."""
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b, h = bh // n_heads, bh % n_heads
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    row_ok = rows < n_q
+    q = tl.load(Q + b * s_qb + h * s_qh + rows[:, None] * s_qn + dims[None, :], mask=row_ok[:, None], other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e))
+    hi = n_k
+    if CAUSAL:
+        hi = tl.minimum((start_m + 1) * BLOCK_M, n_k)  # tiles right of the diagonal are all masked
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        col_ok = cols < n_k
+        k_t = tl.load(K + b * s_kb + h * s_kh + cols[None, :] * s_kn + dims[:, None], mask=col_ok[None, :], other=0.0)
+        s = tl.dot(q, k_t, input_precision=PRECISION) * qk_scale
+        keep = col_ok[None, :]
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= rows[:, None])
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + b * s_vb + h * s_vh + cols[:, None] * s_vn + dims[None, :], mask=col_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    acc = acc / l_i[:, None]
+    tl.store(O + b * s_ob + h * s_oh + rows[:, None] * s_on + dims[None, :], acc.to(O.dtype.element_ty),
+             mask=row_ok[:, None])
+    lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # back to natural log: ln(2)
+    tl.store(LSE + bh * n_q + rows, lse, mask=row_ok)
+
+
+@triton.jit
+def _flash_backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sm_scale,
+                                s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, n_heads, n_q, n_k,
+                                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    """Program (j, b*h) writes dK and dV for keys ``j*BLOCK_N ..``: dV = P^T dO, dK = scale dS^T Q."""
+    start_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b, h = bh // n_heads, bh % n_heads
+    cols = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, HEAD_DIM)
+    col_ok = cols < n_k
+    kv_offsets = b * s_kb + h * s_kh + cols[:, None] * s_kn + dims[None, :]
+    k = tl.load(K + kv_offsets, mask=col_ok[:, None], other=0.0)
+    v = tl.load(V + kv_offsets, mask=col_ok[:, None], other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    lo = 0
+    if CAUSAL:
+        lo = (start_n * BLOCK_N) // BLOCK_M * BLOCK_M  # query tiles above the diagonal see none of these keys
+    for start_m in range(lo, n_q, BLOCK_M):
+        rows = start_m + tl.arange(0, BLOCK_M)
+        row_ok = rows < n_q
+        q_offsets = b * s_qb + h * s_qh + rows[:, None] * s_qn + dims[None, :]
+        q = tl.load(Q + q_offsets, mask=row_ok[:, None], other=0.0)
+        do = tl.load(DO + q_offsets, mask=row_ok[:, None], other=0.0)
+        lse = tl.load(LSE + bh * n_q + rows, mask=row_ok, other=0.0)
+        delta = tl.load(DELTA + bh * n_q + rows, mask=row_ok, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale
+        keep = row_ok[:, None] & col_ok[None, :]
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= rows[:, None])
+        p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)
+        dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])
+        dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
+    tl.store(DK + kv_offsets, (dk * sm_scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(DV + kv_offsets, dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+
+
+@triton.jit
+def _flash_backward_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sm_scale,
+                              s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, n_heads, n_q, n_k,
+                              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                              CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    """Program (i, b*h) writes dQ for query rows ``i*BLOCK_M ..``: dQ = scale dS K."""
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b, h = bh // n_heads, bh % n_heads
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    row_ok = rows < n_q
+    q_offsets = b * s_qb + h * s_qh + rows[:, None] * s_qn + dims[None, :]
+    q = tl.load(Q + q_offsets, mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + q_offsets, mask=row_ok[:, None], other=0.0)
+    lse = tl.load(LSE + bh * n_q + rows, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + bh * n_q + rows, mask=row_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    hi = n_k
+    if CAUSAL:
+        hi = tl.minimum((start_m + 1) * BLOCK_M, n_k)
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        col_ok = cols < n_k
+        kv_offsets = b * s_kb + h * s_kh + cols[:, None] * s_kn + dims[None, :]
+        k = tl.load(K + kv_offsets, mask=col_ok[:, None], other=0.0)
+        v = tl.load(V + kv_offsets, mask=col_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale
+        keep = row_ok[:, None] & col_ok[None, :]
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= rows[:, None])
+        p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+    tl.store(DQ + q_offsets, (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+def _blocks(n_q: int, n_k: int, block_m: int | None, block_n: int | None) -> tuple[int, int]:
+    """Tile sides: powers of two >= 16, 64 by default, no larger than the padded sequence."""
+    def pick(value: int | None, n: int, name: str) -> int:
+        if value is None:
+            return max(16, min(64, triton.next_power_of_2(n)))
+        check_positive_int(name, value)
+        if value < 16 or value & (value - 1):
+            raise ValueError(f"{name} must be a power of two >= 16 (tl.dot's smallest tile), got {value}")
+        return value
+    return pick(block_m, n_q, "block_m"), pick(block_n, n_k, "block_n")
+
+
+def _prepare(q, k, v, causal, sm_scale):
+    check_qkv(q, k, v, causal)
+    check_tensors(q, k, v)
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {q.shape[-1]}")
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    scale = 1 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    return q, k, v, scale, precision
+
+
+class FlashAttention(torch.autograd.Function):
+    """Triton forward saving O and the log-sum-exp; Triton backward recomputing P tile by tile."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, sm_scale, block_m, block_n):
+        q, k, v, scale, precision = _prepare(q, k, v, causal, sm_scale)
+        batch, heads, n_q, d = q.shape
+        n_k = k.shape[2]
+        bm, bn = _blocks(n_q, n_k, block_m, block_n)
+        out = torch.empty_like(q)
+        lse = torch.empty((batch * heads, n_q), dtype=torch.float32, device=q.device)
+        grid = (triton.cdiv(n_q, bm), batch * heads)
+        _flash_forward_kernel[grid](q, k, v, out, lse, scale,
+                                    *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+                                    heads, n_q, n_k, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
+                                    PRECISION=precision)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (causal, scale, bm, bn, precision)
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        causal, scale, bm, bn, precision = ctx.args
+        batch, heads, n_q, d = q.shape
+        n_k = k.shape[2]
+        d_out = d_out.contiguous() if d_out.stride() != q.stride() else d_out
+        if k.stride() != v.stride():
+            v = v.contiguous()
+            k = k.contiguous()
+        delta = (d_out.float() * out.float()).sum(-1).reshape(batch * heads, n_q)  # D = rowsum(dO * O)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        strides = (*q.stride()[:3], *k.stride()[:3], heads, n_q, n_k)
+        meta = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, PRECISION=precision)
+        _flash_backward_dkdv_kernel[(triton.cdiv(n_k, bn), batch * heads)](
+            q, k, v, d_out, lse, delta, dk, dv, scale, *strides, **meta)
+        _flash_backward_dq_kernel[(triton.cdiv(n_q, bm), batch * heads)](
+            q, k, v, d_out, lse, delta, dq, scale, *strides, **meta)
+        return dq, dk, dv, None, None, None, None
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                    sm_scale: float | None = None, block_m: int | None = None, block_n: int | None = None
+                    ) -> torch.Tensor:
+    """``softmax(Q K^T * sm_scale) V`` by the Triton kernels, differentiable.
+
+    ``q`` is ``(batch, heads, n_q, head_dim)``, ``k`` and ``v`` are
+    ``(batch, heads, n_k, head_dim)``, all of one dtype on
+    :func:`utils.device.device`; ``head_dim`` is one of :data:`HEAD_DIMS`;
+    sequence lengths need not be multiples of the tiles. ``causal`` masks key
+    ``j > i`` for query ``i`` and needs ``n_q == n_k``. ``sm_scale`` defaults to
+    ``1 / sqrt(head_dim)``. ``block_m`` and ``block_n`` are the query and key
+    tile sides (powers of two >= 16; 64, or less for short sequences, by default).
+    """
+    return FlashAttention.apply(q, k, v, causal, sm_scale, block_m, block_n)
