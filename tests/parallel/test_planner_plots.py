@@ -32,7 +32,7 @@ def test_figures_are_figures():
 
 
 def test_an_impossible_layout_draws_its_error_instead_of_raising():
-    fig = plot_planner(tp=3)
+    fig = plot_planner(tp=7)
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert any("not a valid layout" in t for t in texts)
     plt.close(fig)
