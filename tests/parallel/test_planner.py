@@ -65,7 +65,7 @@ def test_table_percent_of_peak_is_tflops_over_the_spec_peak(run):
 
 
 @pytest.mark.parametrize("published, layers, hidden, batch, gpus, tokens, tflops", [
-    # GPT-3 175B (Brown et al. 2020: 96 layers, hidden 12,288) on 300B tokens, 1,024 GPUs at 140 TFLOP/s.
+    # GPT-3 175B (96 layers, hidden 12,288: Narayanan et al. section 5.3.2) on 300B tokens, 1,024 GPUs at 140 TFLOP/s.
     (GPT3_TRAINING_DAYS, 96, 12288, 1536, 1024, 300e9, 140e12),
     (TRILLION_TRAINING_DAYS, 128, 25600, 3072, 3072, 450e9, 163e12),
 ])

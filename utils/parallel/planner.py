@@ -118,8 +118,8 @@ class Layout:
     balance_embedding: bool = False
 
     def __post_init__(self) -> None:
-        for field in ("dp", "tp", "pp", "micro_batch", "global_batch", "v"):
-            check_positive_int(field, getattr(self, field))
+        for attr in ("dp", "tp", "pp", "micro_batch", "global_batch", "v"):
+            check_positive_int(attr, getattr(self, attr))
         if self.zero_stage not in ZERO_STAGES or isinstance(self.zero_stage, bool):
             raise ValueError(f"zero_stage must be one of {ZERO_STAGES}, got {self.zero_stage!r}")
         _check_recompute(self.recompute)

@@ -14,7 +14,7 @@ attention (``kv_heads``) and gated FFNs (SwiGLU: three matrices).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from utils.parallel.memory import RECOMPUTE_KINDS
 from utils.validate import check_positive_int
@@ -43,11 +43,11 @@ class Model:
     kv_heads: int | None = None
     gated_ffn: bool = False
     tied_embeddings: bool = True
-    name: str = ""
+    name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        for field in ("layers", "hidden", "heads", "vocab", "seq_len"):
-            check_positive_int(field, getattr(self, field))
+        for attr in ("layers", "hidden", "heads", "vocab", "seq_len"):
+            check_positive_int(attr, getattr(self, attr))
         if self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
         if self.ffn is not None:
