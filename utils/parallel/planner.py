@@ -210,7 +210,9 @@ def _link(span: int, cluster: Cluster) -> tuple[float, float]:
 
 def first_stage_memory(model: Model, layout: Layout) -> dict[str, float]:
     """Bytes per GPU on the first pipeline stage: parameters, gradients, optimizer, activations, logits."""
-    layers = (model.layers + (2 if layout.balance_embedding else 0)) // layout.pp - layout.balance_embedding
+    layers = model.layers // layout.pp
+    if layout.balance_embedding and layout.pp > 1:  # one layer fewer than the middle stages
+        layers = (model.layers + 2) // layout.pp - 1
     params = (layers * model.params_per_layer + model.vocab * model.hidden) / layout.tp
     if layout.pp == 1:
         params = model.n_params / layout.tp
