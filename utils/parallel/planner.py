@@ -78,7 +78,7 @@ BYTES_PER_VALUE = 2
 class Cluster:
     """``n_gpus`` GPUs of type ``gpu``; ``nvlink_domain`` of them share NVLink; each has its own NIC.
 
-    ``nic_bandwidth``: bytes/s per GPU, one direction (200 Gb/s HDR = 25e9).
+    ``nic_bandwidth``: bytes/s per GPU, one direction (default 50e9, 400 Gb/s NDR; 200 Gb/s HDR is 25e9).
     """
 
     gpu: str
