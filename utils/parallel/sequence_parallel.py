@@ -116,8 +116,10 @@ def all_reduce_replicated_grads(parameters, group: dist.ProcessGroup | None = No
     """Sum the gradients of parameters every rank holds whole (a sequence-parallel LayerNorm's) over ``group``.
 
     Each rank's LayerNorm saw only its slice of the sequence, so its weight and
-    bias gradients are partial sums; Megatron-LM all-reduces them across the
-    tensor-parallel group after backward (arXiv:2205.05198, section 4.2.2).
+    bias gradients are partial sums. Megatron-LM's training loop all-reduces
+    them across the tensor-parallel group after backward when sequence
+    parallelism is on (``_allreduce_layernorm_grads`` in
+    ``megatron/core/distributed/finalize_model_grads.py``).
     """
     for p in parameters:
         if p.grad is not None:
