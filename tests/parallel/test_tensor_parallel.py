@@ -146,3 +146,34 @@ def test_sizes_that_do_not_divide_raise_value_error():
     assert "n_heads divisible by 4" in messages[2]
     assert "sequence length divisible" in messages[3]
     assert "torch.nn.Linear" in messages[4]
+
+
+def _two_groups(rank, world_size):
+    """Four ranks as two tensor-parallel groups of two (as beside data parallelism): each group alone equals the
+    full model, and no collective leaks into the other group."""
+    groups = [torch.distributed.new_group([0, 1]), torch.distributed.new_group([2, 3])]
+    group, local = groups[rank // 2], rank % 2
+    torch.manual_seed(0)
+    mlp = tp.MLP(H)
+    torch.manual_seed(1 + rank // 2)  # each group gets its own data, as data-parallel replicas would
+    x, up = torch.randn(B, S, H), torch.randn(B, S, H)
+    y_ref, gx_ref = _run(mlp, x, up)
+    for sp in (False, True):
+        model = tp.TensorParallelMLP(mlp, group=group, sequence_parallel=sp)
+        if sp:
+            y, gx = _run(model, split_sequence(x, 1, group), split_sequence(up, 1, group))
+            all_reduce_replicated_grads([model.fc2.bias], group)
+            torch.testing.assert_close(y, _chunk(y_ref, 1, local, 2), **TOL)
+            torch.testing.assert_close(gx, _chunk(gx_ref, 1, local, 2), **TOL)
+        else:
+            y, gx = _run(model, x, up)
+            torch.testing.assert_close(y, y_ref, **TOL)
+            torch.testing.assert_close(gx, gx_ref, **TOL)
+        torch.testing.assert_close(model.fc1.weight.grad, _chunk(mlp.fc1.weight.grad, 0, local, 2), **TOL)
+        torch.testing.assert_close(model.fc2.weight.grad, _chunk(mlp.fc2.weight.grad, 1, local, 2), **TOL)
+        torch.testing.assert_close(model.fc2.bias.grad, mlp.fc2.bias.grad, **TOL)
+    return True
+
+
+def test_tensor_parallel_groups_inside_a_larger_world():
+    assert all(launch(_two_groups, 4, timeout=60))
