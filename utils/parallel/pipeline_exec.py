@@ -74,6 +74,7 @@ def run_schedule(
     n_chunks: int = 1,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.mse_loss,
     activation_shape: Sequence[int] | None = None,
+    sleep_seconds: tuple[float, float] | None = None,
 ) -> StageRun:
     """Run one training step's forwards and backwards of schedule ``kind`` on this rank; return a :class:`StageRun`.
 
@@ -83,7 +84,11 @@ def run_schedule(
     batch (only the first and last virtual stage read them); it is cut into
     ``n_microbatches`` equal micro-batches. ``activation_shape`` is one
     micro-batch's activation between pieces (default: the input's shape per
-    micro-batch, so every piece must keep the width).
+    micro-batch, so every piece must keep the width). ``sleep_seconds = (t_f, t_b)``
+    adds that much emulated compute (``time.sleep``) to each F and B of a whole
+    stage (``1 / n_chunks`` of it per chunk): a sleeping rank leaves the CPU
+    to the others, so on a machine with fewer cores than ranks the schedule's
+    timing can still be measured.
     """
     rank, p = dist.get_rank(), dist.get_world_size()
     v = n_chunks
@@ -122,6 +127,8 @@ def run_schedule(
                 y = pieces[k](x)
                 if k == last:
                     y = loss_fn(y, ys[i].to(dev)) / n_microbatches
+            if sleep_seconds:
+                time.sleep(sleep_seconds[0] / v)
             end = time.perf_counter()
             if k == last:
                 run.loss += y.item()
@@ -140,6 +147,8 @@ def run_schedule(
                 dist.recv(grad, src=(k + 1) % p, tag=_tag("B", c if rank < p - 1 else c + 1, i, n_microbatches))
             start = time.perf_counter()
             y.backward(grad)
+            if sleep_seconds:
+                time.sleep(sleep_seconds[1] / v)
             end = time.perf_counter()
             if k > 0:
                 pending.append((dist.isend(x.grad, dst=(k - 1) % p, tag=_tag("B", c, i, n_microbatches)), x.grad))
