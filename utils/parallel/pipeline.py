@@ -24,6 +24,8 @@ The orders (:func:`stage_orders`):
   section 2.2.2): 1F1B over ``v`` chunks per stage, in the order of Megatron's
   ``forward_backward_pipelining_with_interleaving``; ``m`` must be a multiple
   of ``p``, and a chunk's F and B take ``t_forward / v`` and ``t_backward / v``.
+  (When ``m == p`` Megatron runs every forward first; this module keeps the
+  general warm-up count there too, which is still a valid schedule.)
 
 The bubble (:func:`bubble_fraction`) is the idle share of ``p * makespan``.
 With ``v = 1`` it is ``(p - 1) / (m + p - 1)``; the paper states the same as

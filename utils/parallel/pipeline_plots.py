@@ -85,7 +85,8 @@ def plot_measured_vs_predicted(measured: dict[str, Sequence[tuple[float, float]]
     for ax, (kind, per_rank) in zip(axes[:, 0], measured.items()):
         for rank, intervals in enumerate(per_rank):
             for k, start, end in intervals:
-                ax.barh(rank, end - start, left=start, height=0.8, color=_F[1] if k == "F" else _B[1])
+                ax.barh(rank, end - start, left=start, height=0.8, color=_F[1] if k == "F" else _B[1],
+                        edgecolor="white", linewidth=0.5)
         ax.set_ylim(n_stages - 0.5, -0.5)
         ax.set_yticks(range(n_stages), [f"rank {r}" for r in range(n_stages)])
         ax.set_title(f"{kind}, measured ({n_stages} ranks, m={n_microbatches}) {title}", fontsize=9)
