@@ -14,6 +14,9 @@ against the schedule's in-flight micro-batches.
 
 On a shared CPU the ranks compete for cores, so a stage's compute is slower
 while its neighbours compute too: the measured bubble is a noisy estimate there.
+``--emulate-ms T`` adds T ms of ``time.sleep`` to each forward and 2T to each
+backward (sleeping ranks leave the cores to the others), which shows the
+schedule's own bubble on any CPU.
 """
 
 from __future__ import annotations
@@ -48,14 +51,15 @@ def worker(rank: int, world_size: int, args: argparse.Namespace) -> dict[str, An
     out: dict[str, Any] = {"device": str(dev)}
     for kind in KINDS:
         pieces = [p.to(dev) for p in split_layers(make_layers(args.n_layers, args.width), world_size)]
-        first = run_schedule(kind, pieces, x, y, args.microbatches)
+        sleep = (args.emulate_ms / 1e3, 2 * args.emulate_ms / 1e3) if args.emulate_ms else None
+        first = run_schedule(kind, pieces, x, y, args.microbatches)  # also the warm-up: gloo connects lazily
         runs = []
         for _ in range(args.repeats):
             for piece in pieces:
                 piece.zero_grad(set_to_none=True)
             if dev.type == "cuda":
                 torch.cuda.synchronize()
-            runs.append(run_schedule(kind, pieces, x, y, args.microbatches))
+            runs.append(run_schedule(kind, pieces, x, y, args.microbatches, sleep_seconds=sleep))
         grads: list[Any] = [None] * world_size
         dist.all_gather_object(grads, {k: v.cpu() for k, v in first.grads.items()})  # every stage's, for the check
         gathered: list[Any] = [None] * world_size
@@ -78,6 +82,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=1024 if gpu else 256, help="global batch (rows)")
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--emulate-ms", type=float, default=0.0,
+                        help="emulated compute per forward (ms; backward 2x) added with time.sleep")
     parser.add_argument("--quick", action="store_true", help="small sizes, 2 repeats (a smoke test)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before launch gives up (gloo)")
     args = parser.parse_args(argv)
@@ -95,7 +101,8 @@ def report(args: argparse.Namespace, world_size: int, results: dict[str, Any]) -
     nn.functional.mse_loss(model(x), y).backward()
     pieces = split_layers(layers, world_size)
     print(f"{world_size} stages, {args.n_layers} layers of width {args.width}, batch {args.batch} "
-          f"in m = {args.microbatches} micro-batches, {args.repeats} timed steps")
+          f"in m = {args.microbatches} micro-batches, {args.repeats} timed steps"
+          + (f", plus emulated compute {args.emulate_ms:g} ms F / {2 * args.emulate_ms:g} ms B" if args.emulate_ms else ""))
     if results["device"].startswith("cuda"):
         print(f"device: {torch.cuda.get_device_name(0)}, NCCL (torch {torch.__version__})")
     else:

@@ -105,6 +105,9 @@ def run_schedule(
     pending: list[tuple[dist.Work, torch.Tensor]] = []  # keep each sent tensor alive until sent
     run = StageRun(grads={}, loss=0.0)
     held = saved_total = 0
+    # On a GPU, wait for the received tensor and the kernels before each time stamp: otherwise the host
+    # would time kernel launches, not compute, and count a message's wait as busy time.
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     dist.barrier()
     t0 = time.perf_counter()
     for op_kind, c, i in order:
@@ -122,6 +125,7 @@ def run_schedule(
                 saved[0] += t.numel() * t.element_size()
                 return t
 
+            sync()
             start = time.perf_counter()
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 y = pieces[k](x)
@@ -129,6 +133,7 @@ def run_schedule(
                     y = loss_fn(y, ys[i].to(dev)) / n_microbatches
             if sleep_seconds:
                 time.sleep(sleep_seconds[0] / v)
+            sync()
             end = time.perf_counter()
             if k == last:
                 run.loss += y.item()
@@ -145,10 +150,12 @@ def run_schedule(
             else:
                 grad = torch.empty_like(y)
                 dist.recv(grad, src=(k + 1) % p, tag=_tag("B", c if rank < p - 1 else c + 1, i, n_microbatches))
+            sync()
             start = time.perf_counter()
             y.backward(grad)
             if sleep_seconds:
                 time.sleep(sleep_seconds[1] / v)
+            sync()
             end = time.perf_counter()
             if k > 0:
                 pending.append((dist.isend(x.grad, dst=(k - 1) % p, tag=_tag("B", c, i, n_microbatches)), x.grad))
