@@ -45,7 +45,7 @@ def test_schedules_are_valid_for_any_times(kind, p, groups, v, tf, tb):
 @pytest.mark.parametrize("p,m", SIZES)
 @pytest.mark.parametrize("tf,tb", TIMES)
 def test_gpipe_and_1f1b_bubble_is_p_minus_1_over_m_plus_p_minus_1(kind, p, m, tf, tb):
-    # GPipe (arXiv:1811.06965, section 2.3): bubble O((p-1)/(m+p-1)); exactly that share with equal stages.
+    # GPipe (arXiv:1811.06965): bubble O((p-1)/(m+p-1)); exactly that share with equal stages.
     ops = pp.schedule(kind, p, m, t_forward=tf, t_backward=tb)
     assert pp.bubble_fraction(ops) == pytest.approx((p - 1) / (m + p - 1), abs=1e-12)
     assert pp.makespan(ops) == pytest.approx((m + p - 1) * (tf + tb))

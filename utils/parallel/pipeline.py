@@ -154,8 +154,8 @@ def bubble_fraction(ops: Sequence[Op]) -> float:
 def ideal_bubble_fraction(kind: str, n_stages: int, n_microbatches: int, n_chunks: int = 1) -> float:
     """The closed form of the bubble, as a fraction of ``p * makespan``.
 
-    GPipe and 1F1B: ``(p - 1) / (m + p - 1)`` (arXiv:1811.06965 section 2.3 gives
-    ``O((p-1)/(m+p-1))``; arXiv:2104.04473 eq. for t_pb / t_id = ``(p - 1) / m``).
+    GPipe and 1F1B: ``(p - 1) / (m + p - 1)`` (arXiv:1811.06965 gives
+    ``O((p-1)/(m+p-1))``; arXiv:2104.04473 section 2.2.1 gives bubble time over ideal time, ``(p - 1) / m``).
     Interleaved with ``v`` chunks: the bubble time shrinks by ``v``
     (arXiv:2104.04473 section 2.2.2: ``(1/v)(p - 1) / m`` of the ideal time),
     so the fraction is ``(p - 1) / (v m + p - 1)``.
