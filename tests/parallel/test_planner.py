@@ -9,7 +9,6 @@ from utils.parallel.planner import (
     COMPUTE_EFFICIENCY,
     Cluster,
     Layout,
-    _bubble_fraction,
     plan,
     step_time,
 )
@@ -137,14 +136,6 @@ def test_compare_uses_the_one_stated_efficiency():
 def test_the_error_is_not_hidden_in_the_mean():
     errors = [abs(r.relative_error) for r in compare()]
     assert sum(errors) / len(errors) < 0.10
-
-
-def test_bubble_matches_the_papers_ratio():
-    # Narayanan et al. 2021, section 2.2.2: bubble time / ideal time = (1/v)(p-1)/m.
-    for p, m, v in [(8, 64, 1), (16, 16, 4), (64, 512, 2)]:
-        f = _bubble_fraction(p, m, v)
-        assert f / (1 - f) == pytest.approx((p - 1) / (v * m))
-    assert _bubble_fraction(1, 10) == 0.0
 
 
 def test_tensor_parallelism_beyond_the_nvlink_domain_goes_over_the_nic():

@@ -51,6 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from utils.gpu.hardware import GpuSpec, spec
+from utils.parallel.pipeline import ideal_bubble_fraction
 from utils.parallel.memory import (
     ZERO_STAGES,
     activation_bytes_per_layer,
@@ -151,12 +152,6 @@ def check_layout(model: Model, cluster: Cluster, layout: Layout) -> None:
         raise ValueError(f"v must divide the layers per pipeline rank ({slots // layout.pp}), got v={layout.v}")
 
 
-def _bubble_fraction(pp: int, microbatches: int, v: int = 1) -> float:
-    """Fraction of a step the pipeline idles: ``(p-1) / (v m + p - 1)`` (Narayanan et al. 2021, section 2.2)."""
-    # TODO(lead): use utils.parallel.pipeline.ideal_bubble_fraction
-    return (pp - 1) / (v * microbatches + pp - 1)
-
-
 @dataclass(frozen=True)
 class Plan:
     """Bytes per GPU on the first pipeline stage and seconds per step, by part, with the derived rates."""
@@ -238,7 +233,7 @@ def step_time(model: Model, cluster: Cluster, layout: Layout, efficiency: float 
     peak = cluster.spec.flops("bf16")
     m, s, b, h = layout.microbatches, model.seq_len, layout.micro_batch, model.hidden
     compute = model.hardware_flops(layout.global_batch, layout.recompute) / (cluster.n_gpus * peak * efficiency)
-    f = _bubble_fraction(layout.pp, m, layout.v)
+    f = ideal_bubble_fraction("interleaved" if layout.v > 1 else "1f1b", layout.pp, m, layout.v)
     bubble = compute * f / (1 - f)
 
     layers = (model.layers + (2 if layout.balance_embedding else 0)) // layout.pp
