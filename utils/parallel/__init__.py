@@ -18,14 +18,35 @@ ring_allreduce_time``; nothing is re-exported here):
 - :mod:`utils.parallel.harness`: a tiny training run on one process or on N
   ranks with any strategy (ours, PyTorch DDP, FSDP2), the labs' yardstick;
 - :mod:`utils.parallel.memory`: ZeRO's model-state memory and traffic per GPU;
-- :mod:`utils.parallel.overlap`: how much of DDP's all-reduce hides behind backward.
+- :mod:`utils.parallel.overlap`: how much of DDP's all-reduce hides behind backward;
+- :mod:`utils.parallel.tensor_parallel`: Megatron-LM tensor parallelism: f and g, column- and
+  row-parallel linears, the tensor-parallel MLP and attention split by heads;
+- :mod:`utils.parallel.sequence_parallel`: sequence parallelism's all-gather / reduce-scatter
+  along the sequence as autograd functions, and the all-reduce of replicated (LayerNorm) gradients;
+- :mod:`utils.parallel.pipeline`: pipeline schedules (GPipe, 1F1B, interleaved 1F1B)
+  simulated, their bubble against the closed forms, micro-batches in flight;
+- :mod:`utils.parallel.pipeline_exec`: a schedule run for real, one stage per rank,
+  activations and gradients by send/recv, with busy time and stored bytes;
+- :mod:`utils.parallel.pipeline_plots`: Gantt charts and animations of schedules;
+- :mod:`utils.parallel.transformer_costs`: parameters and matmul FLOPs of a decoder-only
+  transformer (GQA, gated FFN);
+- :mod:`utils.parallel.planner`: memory per GPU and step time of a DP x TP x PP layout, fits or
+  not, MFU;
+- :mod:`utils.parallel.published_runs`: Megatron-LM and Llama 3 runs with their layouts, and the
+  planner against them;
+- :mod:`utils.parallel.planner_plots`: the device-mesh, plan and comparison figures of the
+  planning chapter.
 
 Used by the chapters of ``chapters/02-parallelism/``: 01 why many GPUs
 (training, memory), 02 collectives (network, bandwidth), 03 DP and DDP
 (data_parallel, network, bandwidth, overlap), 04 ZeRO and FSDP (memory,
-data_parallel), 05 GPU networking (topology, wiring, bandwidth, network); by
-the labs of ``labs/02-parallelism/``: 01 ring all-reduce (collectives,
+data_parallel), 05 GPU networking (topology, wiring, bandwidth, network), 06
+tensor parallelism (tensor_parallel, sequence_parallel, memory, network), 07
+pipeline parallelism (pipeline, pipeline_plots), 10 planning a training run
+(planner, transformer_costs, published_runs, planner_plots, memory, network);
+by the labs of ``labs/02-parallelism/``: 01 ring all-reduce (collectives,
 network), 02 DDP from scratch (data_parallel, harness, network), 03 ZeRO and
-FSDP (data_parallel, harness, memory); and by the multi-process benchmarks in
-``benchmarks/``.
+FSDP (data_parallel, harness, memory), 04 tensor-parallel MLP
+(tensor_parallel), 05 pipeline schedules (pipeline, pipeline_exec,
+pipeline_plots); and by the multi-process benchmarks in ``benchmarks/``.
 """
