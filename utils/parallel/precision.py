@@ -105,7 +105,8 @@ FORMATS: dict[str, FloatFormat] = {
 _FP8 = "Micikevicius et al., 'FP8 Formats for Deep Learning', arXiv:2209.05433, Table 1"
 _IEEE = "IEEE 754-2019 binary16 (half precision)"
 _MP = "Micikevicius et al., 'Mixed Precision Training', arXiv:1710.03740, section 3.2"
-_A100 = "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020), 'TF32'"
+_A100 = ("NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020), TF32; checked against the "
+         "Wikipedia article TensorFloat-32, not the whitepaper itself")
 
 PUBLISHED: dict[tuple[str, str], Published] = {
     ("fp8_e4m3", "max"): Published(448.0, "largest finite value", _FP8),

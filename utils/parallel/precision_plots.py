@@ -114,3 +114,23 @@ def plot_loss_curves(runs: Mapping[str, Sequence[float]], title: str = "training
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def plot_scale_history(scales: Sequence[float], skipped: Sequence[bool], title: str = "dynamic loss scale") -> Figure:
+    """The loss scale at each step (log2), with the skipped steps (inf/NaN found) marked."""
+    if len(scales) != len(skipped) or not len(scales):
+        raise ValueError(f"scales and skipped must be non-empty and of equal length, got {len(scales)} and "
+                         f"{len(skipped)}")
+    steps = np.arange(len(scales))
+    fig, ax = plt.subplots(figsize=(6.8, 3.0))
+    ax.step(steps, np.log2(np.asarray(scales, dtype=float)), where="post", color="tab:blue", label="scale")
+    bad = np.asarray(skipped, dtype=bool)
+    ax.plot(steps[bad], np.log2(np.asarray(scales, dtype=float))[bad], "x", color="tab:red",
+            label=f"skipped step ({int(bad.sum())})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("$\\log_2$ scale")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
