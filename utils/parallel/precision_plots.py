@@ -99,19 +99,29 @@ def plot_gradient_histogram(magnitudes: np.ndarray, loss_scale: float = 1.0, fmt
     return fig
 
 
-def plot_loss_curves(runs: Mapping[str, Sequence[float]], title: str = "training loss") -> Figure:
-    """Loss against step for each named run, log scale."""
+def plot_loss_curves(runs: Mapping[str, Sequence[float]], title: str = "training loss",
+                     reference: str | None = None) -> Figure:
+    """Loss against step for each named run, log scale; with ``reference`` (a key of ``runs``), a second
+    panel shows each run's loss divided by the reference run's, step by step."""
     if not runs:
         raise ValueError("runs must name at least one loss curve")
-    fig, ax = plt.subplots(figsize=(6.8, 3.4))
+    if reference is not None and reference not in runs:
+        raise ValueError(f"reference must be one of {tuple(runs)}, got {reference!r}")
+    fig, axes = plt.subplots(1, 2 if reference else 1, figsize=(9.6 if reference else 6.8, 3.4), squeeze=False)
     styles = ["-", "--", ":", "-.", "-"]
     for i, (name, losses) in enumerate(runs.items()):
-        ax.semilogy(np.arange(len(losses)), losses, ls=styles[i % len(styles)], label=name, lw=1.5)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+        axes[0, 0].semilogy(np.arange(len(losses)), losses, ls=styles[i % len(styles)], label=name, lw=1.5)
+        if reference:
+            ratio = np.asarray(losses, dtype=float) / np.asarray(runs[reference], dtype=float)
+            axes[0, 1].plot(np.arange(len(losses)), ratio, ls=styles[i % len(styles)], lw=1.5)
+    axes[0, 0].set(xlabel="step", ylabel="loss")
+    axes[0, 0].set_title(title, fontsize=9)
+    axes[0, 0].legend(fontsize=8)
+    if reference:
+        axes[0, 1].set(xlabel="step", ylabel=f"loss / loss of {reference}")
+        axes[0, 1].set_title(f"relative to {reference}", fontsize=9)
+    for ax in axes[0]:
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
 
