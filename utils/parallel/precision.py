@@ -24,6 +24,7 @@ training recipes, built from the constants of :mod:`utils.parallel.memory`.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -82,8 +83,6 @@ class FloatFormat(NamedTuple):
     @property
     def dynamic_range_decades(self) -> float:
         """``log10(max / smallest_subnormal)``: how many powers of ten the format spans."""
-        import math
-
         return math.log10(self.max / self.smallest_subnormal)
 
     @property
