@@ -69,6 +69,14 @@ def test_float_bits_round_trip_to_torch_cast(name, value):
     assert decode_bits(bits.sign, bits.exponent, bits.mantissa, name) == bits.value
 
 
+def test_tf32_rounds_to_nearest_even():
+    # 10 mantissa bits: 1 + 2^-11 is exactly half way between 1 and 1 + 2^-10, and ties go to the even (1.0)
+    assert float_bits(1 + 2.0 ** -11, "tf32").value == 1.0
+    assert float_bits(1 + 2.0 ** -11 + 2.0 ** -12, "tf32").value == 1 + 2.0 ** -10
+    assert float_bits(1 + 3 * 2.0 ** -11, "tf32").value == 1 + 2.0 ** -9  # tie from the odd side rounds up
+    assert float_bits(1 + 2.0 ** -11, "fp16").value == float_bits(1 + 2.0 ** -11, "tf32").value  # same mantissa
+
+
 def test_float_bits_known_patterns():
     assert float_bits(1.0, "fp32")[:3] == (0, "01111111", "0" * 23)
     assert float_bits(-2.0, "fp16")[:3] == (1, "10000", "0" * 10)
@@ -97,7 +105,7 @@ def test_bad_input_raises():
         DynamicLossScaler().unscale_([p])
 
 
-def test_memory_budget_is_zeros_sixteen_bytes():
+def test_memory_budget_matches_the_zero_paper():
     mixed = model_state_bytes_per_param("mixed")
     assert sum(mixed.values()) == 16  # ZeRO section 3.1: 2 + 2 + 12
     assert mixed["16-bit weights"] == memory.FP16_PARAM_BYTES
