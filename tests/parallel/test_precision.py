@@ -188,7 +188,8 @@ def test_plots_return_figures():
     from utils.parallel import precision_plots as pp
 
     for fig in (pp.plot_bit_layouts(), pp.plot_format_ranges(mark=1e-6),
-                pp.plot_gradient_histogram(np.logspace(-10, -2, 50)), pp.plot_loss_curves({"a": [1.0, 0.5], "b": [1.0, 0.4]}, reference="a"),
+                pp.plot_gradient_histogram(np.logspace(-10, -2, 50)),
+                pp.plot_loss_curves({"a": [1.0, 0.5], "b": [1.0, 0.4]}, reference="a"),
                 pp.plot_scale_history([1.0, 2.0, 1.0], [False, True, False])):
         assert isinstance(fig, matplotlib.figure.Figure)
         plt.close(fig)
