@@ -28,6 +28,12 @@ ring_allreduce_time``; nothing is re-exported here):
 - :mod:`utils.parallel.pipeline_exec`: a schedule run for real, one stage per rank,
   activations and gradients by send/recv, with busy time and stored bytes;
 - :mod:`utils.parallel.pipeline_plots`: Gantt charts and animations of schedules;
+- :mod:`utils.parallel.precision`: fp32, tf32, fp16, bf16 and FP8 formats derived from their
+  bit counts, a value's bit fields, model-state bytes per parameter of a training recipe;
+- :mod:`utils.parallel.loss_scaling`: dynamic loss scaling with GradScaler's rules, and a small
+  model whose fp16 gradients underflow;
+- :mod:`utils.parallel.precision_plots`: bit layouts, format ranges, gradient histograms, loss
+  and loss-scale curves;
 - :mod:`utils.parallel.transformer_costs`: parameters and matmul FLOPs of a decoder-only
   transformer (GQA, gated FFN);
 - :mod:`utils.parallel.planner`: memory per GPU and step time of a DP x TP x PP layout, fits or
@@ -42,11 +48,12 @@ Used by the chapters of ``chapters/02-parallelism/``: 01 why many GPUs
 (data_parallel, network, bandwidth, overlap), 04 ZeRO and FSDP (memory,
 data_parallel), 05 GPU networking (topology, wiring, bandwidth, network), 06
 tensor parallelism (tensor_parallel, sequence_parallel, memory, network), 07
-pipeline parallelism (pipeline, pipeline_plots), 10 planning a training run
+pipeline parallelism (pipeline, pipeline_plots), 09 mixed precision (precision,
+loss_scaling, precision_plots, memory), 10 planning a training run
 (planner, transformer_costs, published_runs, planner_plots, memory, network);
 by the labs of ``labs/02-parallelism/``: 01 ring all-reduce (collectives,
 network), 02 DDP from scratch (data_parallel, harness, network), 03 ZeRO and
 FSDP (data_parallel, harness, memory), 04 tensor-parallel MLP
 (tensor_parallel), 05 pipeline schedules (pipeline, pipeline_exec,
-pipeline_plots); and by the multi-process benchmarks in ``benchmarks/``.
+pipeline_plots), 07 loss scaling (loss_scaling, precision, precision_plots); and by the multi-process benchmarks in ``benchmarks/``.
 """
