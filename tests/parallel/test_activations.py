@@ -130,3 +130,21 @@ def test_plot_functions_return_figures():
     for fig in (plot_layer_breakdown(), plot_stage_calculator(), plot_stage_calculator(pp=1, recompute="none")):
         assert isinstance(fig, Figure)
         plt.close(fig)
+
+
+def test_published_figures_follow_from_the_formulas():
+    from utils.parallel.activations import PAPER_MODELS, PAPER_SEQ_LEN, PUBLISHED
+
+    s = PAPER_SEQ_LEN
+    gpt3, mtnlg = PAPER_MODELS["175B (GPT-3)"], PAPER_MODELS["530B (MT-NLG)"]
+    assert 5 * gpt3["n_heads"] * s / gpt3["hidden"] == PUBLISHED["GPT-3 5as/h"].value
+    for model, key in ((gpt3, "GPT-3"), (mtnlg, "MT-NLG")):
+        kw = dict(seq_len=s, micro_batch=1, hidden=model["hidden"], n_heads=model["n_heads"])
+        kept = activation_bytes_per_layer(recompute="selective", **kw) / activation_bytes_per_layer(**kw)
+        assert round(1 - kept, 2) == PUBLISHED[f"selective saves, {key}"].value
+        # the attention core's share of a layer's forward FLOPs, 4bs^2h / (24bsh^2 + 4bs^2h) = s / (6h + s)
+        assert round(s / (6 * model["hidden"] + s), 3) == PUBLISHED[f"selective FLOPs overhead, {key}"].value
+    # 12 L h^2 parameters per model, within 2% of the size in its name
+    named = {"22B": 22, "175B (GPT-3)": 175, "530B (MT-NLG)": 530, "1T": 1000}
+    for name, m in PAPER_MODELS.items():
+        assert 12 * m["n_layers"] * m["hidden"] ** 2 / 1e9 == pytest.approx(named[name], rel=0.02)

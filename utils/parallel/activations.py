@@ -27,7 +27,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from utils.parallel.memory import RECOMPUTE_KINDS, activation_bytes_per_layer
+from utils.published import Published
 from utils.validate import check_positive, check_positive_int
+
+_PAPER = "Korthikanti et al., 'Reducing Activation Recomputation in Large Transformer Models', arXiv:2205.05198"
+PAPER_MODELS: dict[str, dict[str, int]] = {
+    "22B": dict(n_heads=64, hidden=6144, n_layers=48, tp=8, pp=1),
+    "175B (GPT-3)": dict(n_heads=96, hidden=12288, n_layers=96, tp=8, pp=8),
+    "530B (MT-NLG)": dict(n_heads=128, hidden=20480, n_layers=105, tp=8, pp=35),
+    "1T": dict(n_heads=160, hidden=25600, n_layers=128, tp=8, pp=64),
+}
+"""The four models of the paper's Table 3 (sequence length 2048, vocabulary 51200 for all)."""
+PAPER_SEQ_LEN, PAPER_VOCAB = 2048, 51200
+
+PUBLISHED = {
+    "GPT-3 5as/h": Published(80, "5as/h for a = 96, s = 2048, h = 12288", _PAPER + ", section 4.1"),
+    "selective saves, GPT-3": Published(0.70, "fraction of activation memory", _PAPER + ", section 5"),
+    "selective saves, MT-NLG": Published(0.65, "fraction of activation memory", _PAPER + ", section 5"),
+    "selective FLOPs overhead, GPT-3": Published(0.027, "recompute FLOPs overhead", _PAPER + ", section 5"),
+    "selective FLOPs overhead, MT-NLG": Published(0.016, "recompute FLOPs overhead", _PAPER + ", section 5"),
+    "activation memory reduction": Published(5, "times (sequence parallel + selective vs tensor parallel)",
+                                             _PAPER + ", abstract"),
+}
+"""Figures the paper states in its text; the chapter recomputes each one."""
 
 KINDS = ("replicated", "sharded", "attention-core")
 """How a stored tensor behaves under parallelism (Korthikanti section 4.2 and 5):
