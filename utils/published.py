@@ -6,7 +6,11 @@ it (CONVENTIONS: "Published numbers live in one table with their source").
 The tables: :data:`utils.parallel.training.PUBLISHED` (training runs),
 :data:`utils.parallel.topology.PUBLISHED` (switches, nodes, clusters),
 :data:`utils.gpu.memory_hierarchy.PUBLISHED` (per-GPU memory figures the spec
-table does not hold) and :data:`utils.parallel.memory.ZERO_PAPER_FIGURES`.
+table does not hold), :data:`utils.parallel.memory.ZERO_PAPER_FIGURES`,
+:data:`utils.parallel.activations.PUBLISHED` (activation memory),
+:data:`utils.parallel.precision.PUBLISHED` (floating-point formats),
+:mod:`utils.parallel.published_runs` (Megatron-LM and Llama 3 layouts and
+throughput) and :data:`utils.attention.allocation.VLLM_TOKEN_STATE_SHARE`.
 GPU specifications themselves live in :data:`utils.gpu.hardware.GPUS`, whose
 entries carry their sources too.
 """

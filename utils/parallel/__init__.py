@@ -17,7 +17,8 @@ ring_allreduce_time``; nothing is re-exported here):
   rule and bucketed DDP, ZeRO-1, bytes held per rank;
 - :mod:`utils.parallel.harness`: a tiny training run on one process or on N
   ranks with any strategy (ours, PyTorch DDP, FSDP2), the labs' yardstick;
-- :mod:`utils.parallel.memory`: ZeRO's model-state memory and traffic per GPU;
+- :mod:`utils.parallel.memory`: ZeRO's model-state memory and traffic per GPU, activation bytes
+  per layer (Korthikanti et al. 2022, Table 2), tensor parallelism's all-reduce size;
 - :mod:`utils.parallel.overlap`: how much of DDP's all-reduce hides behind backward;
 - :mod:`utils.parallel.tensor_parallel`: Megatron-LM tensor parallelism: f and g, column- and
   row-parallel linears, the tensor-parallel MLP and attention split by heads;
@@ -28,6 +29,8 @@ ring_allreduce_time``; nothing is re-exported here):
 - :mod:`utils.parallel.pipeline_exec`: a schedule run for real, one stage per rank,
   activations and gradients by send/recv, with busy time and stored bytes;
 - :mod:`utils.parallel.pipeline_plots`: Gantt charts and animations of schedules;
+- :mod:`utils.parallel.activations`: the tensors one GPT layer stores for backward, tensor by
+  tensor, and the first pipeline stage's activation memory (Korthikanti et al. 2022);
 - :mod:`utils.parallel.precision`: fp32, tf32, fp16, bf16 and FP8 formats derived from their
   bit counts, a value's bit fields, model-state bytes per parameter of a training recipe;
 - :mod:`utils.parallel.loss_scaling`: dynamic loss scaling with GradScaler's rules, and a small
@@ -48,12 +51,15 @@ Used by the chapters of ``chapters/02-parallelism/``: 01 why many GPUs
 (data_parallel, network, bandwidth, overlap), 04 ZeRO and FSDP (memory,
 data_parallel), 05 GPU networking (topology, wiring, bandwidth, network), 06
 tensor parallelism (tensor_parallel, sequence_parallel, memory, network), 07
-pipeline parallelism (pipeline, pipeline_plots), 09 mixed precision (precision,
+pipeline parallelism (pipeline, pipeline_plots), 08 activation memory
+(activations, memory), 09 mixed precision (precision,
 loss_scaling, precision_plots, memory), 10 planning a training run
 (planner, transformer_costs, published_runs, planner_plots, memory, network);
 by the labs of ``labs/02-parallelism/``: 01 ring all-reduce (collectives,
 network), 02 DDP from scratch (data_parallel, harness, network), 03 ZeRO and
 FSDP (data_parallel, harness, memory), 04 tensor-parallel MLP
 (tensor_parallel), 05 pipeline schedules (pipeline, pipeline_exec,
-pipeline_plots), 07 loss scaling (loss_scaling, precision, precision_plots); and by the multi-process benchmarks in ``benchmarks/``.
+pipeline_plots), 06 activation checkpointing (activations, memory), 07 loss
+scaling (loss_scaling, precision, precision_plots); and by the multi-process
+benchmarks in ``benchmarks/``.
 """

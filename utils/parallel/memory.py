@@ -172,14 +172,22 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, n_he
     full recompute                                ``sbh 2``
     ============================================  ==========================
 
-    The ``5as/h`` term is the attention scores, softmax output and its dropout
-    mask (``5as^2b`` bytes); selective recomputation drops exactly it. The
-    ``10`` of the tensor-parallel rows is the LayerNorm and dropout activations
-    that plain tensor parallelism replicates, which sequence parallelism
-    shards by ``t``. Full recomputation keeps only each layer's 16-bit input,
-    ``2sbh`` bytes; with sequence parallelism that input is itself split along
-    the sequence, so we divide it by ``t`` (the table's row is for one GPU's
-    unsplit input). Dropout masks are one byte per element, as in the paper.
+    The ``5as/h`` term is the softmax output (``2as^2b`` bytes), its dropout
+    mask (``as^2b``) and the dropout's output, which the product with V keeps
+    (``2as^2b``): ``5as^2b`` bytes in all (section 4.1); selective
+    recomputation drops exactly it (section 5). The ``10`` of the
+    tensor-parallel rows is what plain tensor parallelism replicates on every
+    GPU (section 4.2.1): the inputs of the two LayerNorms (``4sbh``), the
+    inputs of the QKV projection and of the first MLP linear layer (``4sbh``)
+    and the two dropout masks after attention and after the MLP (``2sbh``);
+    sequence parallelism splits all of it along the sequence (section 4.2.2).
+    Full recomputation keeps only each layer's 16-bit input, ``2sbh`` bytes
+    (Table 2; section 5 notes it could be split over the t GPUs at the cost
+    of an extra all-gather, and does not count that); with sequence
+    parallelism the layer's input already is split along the sequence
+    (``s/t`` rows on each GPU), so we return ``2sbh/t`` there. Dropout masks
+    are one byte per element, as in the paper; `utils.parallel.activations`
+    lists the tensors one by one.
     """
     s = check_positive_int("seq_len", seq_len)
     b = check_positive_int("micro_batch", micro_batch)
