@@ -47,3 +47,37 @@ def test_kinds():
 def test_bad_input_raises(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# The fields of each model's config.json on the Hugging Face Hub (num_hidden_layers, hidden_size,
+# num_attention_heads, num_key_value_heads; for DeepSeek also kv_lora_rank, qk_rope_head_dim and
+# qk_nope_head_dim = v_head_dim), typed from the files. LLaMA-2-7B's config has no num_key_value_heads
+# (one K/V head per query head).
+CONFIG_JSON = {
+    "LLaMA-2-7B": dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=32),
+    "LLaMA-2-70B": dict(num_hidden_layers=80, hidden_size=8192, num_attention_heads=64, num_key_value_heads=8),
+    "Llama-3-8B": dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8),
+    "Llama-3-70B": dict(num_hidden_layers=80, hidden_size=8192, num_attention_heads=64, num_key_value_heads=8),
+    "Mistral-7B": dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8),
+    "DeepSeek-V2": dict(num_hidden_layers=60, hidden_size=5120, num_attention_heads=128, kv_lora_rank=512,
+                        qk_rope_head_dim=64, qk_nope_head_dim=128),
+    "DeepSeek-V3": dict(num_hidden_layers=61, hidden_size=7168, num_attention_heads=128, kv_lora_rank=512,
+                        qk_rope_head_dim=64, qk_nope_head_dim=128),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIG_JSON))
+def test_models_match_their_config_json(name):
+    config, ref = MODELS[name], CONFIG_JSON[name]
+    assert (config.n_layers, config.hidden, config.n_heads) == (
+        ref["num_hidden_layers"], ref["hidden_size"], ref["num_attention_heads"])
+    if "kv_lora_rank" in ref:
+        assert (config.kv_lora_rank, config.rope_head_dim, config.head_dim) == (
+            ref["kv_lora_rank"], ref["qk_rope_head_dim"], ref["qk_nope_head_dim"])
+    else:
+        assert config.n_kv_heads == ref["num_key_value_heads"]
+        assert config.head_dim == ref["hidden_size"] // ref["num_attention_heads"]
+
+
+def test_every_model_is_checked_against_its_config():
+    assert set(CONFIG_JSON) == set(MODELS)
