@@ -4,6 +4,8 @@ Modules:
 
 - :mod:`utils.attention.llama`: RMSNorm, SwiGLU, RoPE, grouped-query
   attention with a KV cache, and a tiny LLaMA-style decoder built from them;
+- :mod:`utils.attention.llama_sizes`: the parameter count of a LLaMA-style decoder, by kind,
+  and LLaMA-1's published sizes (Table 2) to check it against;
 - :mod:`utils.attention.mla`: multi-head latent attention, naive and with
   the up-projections absorbed (DeepSeek-V2);
 - :mod:`utils.attention.flash_reference`: online softmax, FlashAttention's
