@@ -161,7 +161,8 @@ def plot_attention_roofline(seq_len: int = 4096, head_dim: int = 128, gpu: str =
     peak = spec.flops(precision)
     points = {"standard": roofline.attention_intensity(seq_len, head_dim, 2, fused=False),
               f"FlashAttention (B_r={block_rows})": roofline.attention_intensity(seq_len, head_dim, 2, fused=True,
-                                                                                  block_rows=block_rows)}
+                                                                                  block_rows=block_rows),
+              "FlashAttention, K and V read once": roofline.attention_intensity(seq_len, head_dim, 2, fused=True)}
     xs = [2 ** (e / 4) for e in range(0, 4 * 13)]
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
     ax.loglog(xs, [hardware.attainable_flops(x, peak, spec.hbm_bandwidth) / 1e12 for x in xs], "k-", lw=1.5)
