@@ -65,6 +65,11 @@ def draw_online_softmax_step(ax: Axes, step: int, blocks: Sequence[Sequence[floa
     seen = len(state.probabilities)
     heights = state.probabilities if final else [p * state.l for p in state.probabilities]
     ax.bar(range(seen), heights, color=[colors[owner[i] % len(colors)] for i in range(seen)])
+    if not final and step > 1:  # the old entries before rescaling, as outlines: they shrink by exp(m_old - m_new)
+        previous = states[step - 2]
+        ax.plot(range(len(previous.probabilities)), [p * previous.l for p in previous.probabilities], "k_",
+                markersize=22, mew=1.5, ls="none", label="before rescaling")
+        ax.legend(fontsize=8, loc="upper left")
     if final:
         m = max(row)
         exact = [math.exp(x - m) for x in row]
