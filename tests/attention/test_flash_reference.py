@@ -69,3 +69,17 @@ def test_flash_reads_far_fewer_bytes_at_long_sequences():
     s1, f1 = attention_hbm_bytes(2048, 128)
     s2, f2 = attention_hbm_bytes(4096, 128)
     assert s2 / s1 == pytest.approx(4, rel=0.05) and f2 / f1 == pytest.approx(4, rel=0.05)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_float64_inputs_are_computed_in_float64(causal):
+    """A float64 check at float64 tolerances: the tiles must not be computed in float32 (they once were)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 45, 32, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    d_out = torch.randn(2, 3, 45, 32, dtype=torch.float64)
+    expected = attention_reference(q, k, v, causal)
+    got = tiled_attention(q, k, v, causal, block_q=16, block_k=16)
+    torch.testing.assert_close(got, expected)  # float64 defaults: rtol 1e-7, atol 1e-7
+    for g, e in zip(torch.autograd.grad(got, (q, k, v), d_out), torch.autograd.grad(expected, (q, k, v), d_out)):
+        assert g.dtype == torch.float64
+        torch.testing.assert_close(g, e)

@@ -10,6 +10,10 @@ Modules:
   the up-projections absorbed (DeepSeek-V2);
 - :mod:`utils.attention.flash_reference`: online softmax, FlashAttention's
   tiled forward and recomputing backward in plain PyTorch, and its HBM traffic;
+- :mod:`utils.attention.flash_plots`: the FlashAttention chapter's figures (online-softmax
+  and tiling animation frames, HBM bytes against N, the roofline placement);
+- :mod:`utils.attention.peak_memory`: peak bytes of tensor storage a call allocates, on
+  a CPU or a GPU (a dispatch mode that tracks storages);
 - :mod:`utils.attention.kv_cache`: KV-cache bytes of MHA, GQA, MQA and MLA,
   and the configurations of LLaMA-2, Llama 3, Mistral and DeepSeek-V2/V3;
 - :mod:`utils.attention.paged_cache`: a paged KV cache with block tables and

@@ -95,30 +95,36 @@ def _causal_tile_mask(rows: range, cols: range, device: torch.device) -> torch.T
     return c > r
 
 
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 for 16- and 32-bit inputs (as the kernels accumulate), fp64 for fp64 inputs."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 class TiledAttention(torch.autograd.Function):
     """Attention computed tile by tile; forward saves O and the log-sum-exp, backward recomputes P."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, sm_scale: float, block_q: int, block_k: int):
         n_q, n_k = q.shape[2], k.shape[2]
+        acc_dtype = _accumulation_dtype(q.dtype)
         out = torch.empty_like(q)
-        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        lse = torch.empty(q.shape[:3], dtype=acc_dtype, device=q.device)
         for i in range(0, n_q, block_q):
             rows = range(i, min(i + block_q, n_q))
-            qi = q[:, :, i:rows.stop].float()
-            m = torch.full(qi.shape[:3], -math.inf, device=q.device)
+            qi = q[:, :, i:rows.stop].to(acc_dtype)
+            m = torch.full(qi.shape[:3], -math.inf, dtype=acc_dtype, device=q.device)
             l = torch.zeros_like(m)
             acc = torch.zeros_like(qi)
             for j in range(0, rows.stop if causal else n_k, block_k):
                 cols = range(j, min(j + block_k, n_k))
-                s = qi @ k[:, :, j:cols.stop].float().transpose(-2, -1) * sm_scale
+                s = qi @ k[:, :, j:cols.stop].to(acc_dtype).transpose(-2, -1) * sm_scale
                 if causal:
                     s = s.masked_fill(_causal_tile_mask(rows, cols, q.device), -math.inf)
                 m_new = torch.maximum(m, s.amax(-1))
                 p = torch.exp(s - m_new[..., None])
                 alpha = torch.exp(m - m_new)
                 l = alpha * l + p.sum(-1)
-                acc = alpha[..., None] * acc + p @ v[:, :, j:cols.stop].float()
+                acc = alpha[..., None] * acc + p @ v[:, :, j:cols.stop].to(acc_dtype)
                 m = m_new
             out[:, :, i:rows.stop] = (acc / l[..., None]).to(q.dtype)
             lse[:, :, i:rows.stop] = m + torch.log(l)
@@ -131,14 +137,15 @@ class TiledAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         causal, sm_scale, block_q, block_k = ctx.args
         n_q, n_k = q.shape[2], k.shape[2]
-        dq, dk, dv = (torch.zeros_like(t, dtype=torch.float32) for t in (q, k, v))
-        delta = (d_out.float() * out.float()).sum(-1)  # D = rowsum(dO * O)
+        acc_dtype = _accumulation_dtype(q.dtype)
+        dq, dk, dv = (torch.zeros_like(t, dtype=acc_dtype) for t in (q, k, v))
+        delta = (d_out.to(acc_dtype) * out.to(acc_dtype)).sum(-1)  # D = rowsum(dO * O)
         for i in range(0, n_q, block_q):
             rows = range(i, min(i + block_q, n_q))
-            qi, doi = q[:, :, i:rows.stop].float(), d_out[:, :, i:rows.stop].float()
+            qi, doi = q[:, :, i:rows.stop].to(acc_dtype), d_out[:, :, i:rows.stop].to(acc_dtype)
             for j in range(0, rows.stop if causal else n_k, block_k):
                 cols = range(j, min(j + block_k, n_k))
-                kj, vj = k[:, :, j:cols.stop].float(), v[:, :, j:cols.stop].float()
+                kj, vj = k[:, :, j:cols.stop].to(acc_dtype), v[:, :, j:cols.stop].to(acc_dtype)
                 s = qi @ kj.transpose(-2, -1) * sm_scale
                 if causal:
                     s = s.masked_fill(_causal_tile_mask(rows, cols, q.device), -math.inf)
