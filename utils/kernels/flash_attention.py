@@ -83,6 +83,19 @@ def _flash_forward_kernel(Q, K, V, O, LSE, sm_scale,
 
 
 @triton.jit
+def _recompute_p_and_ds(q, k, v, do, lse, delta, rows, cols, row_ok, col_ok, sm_scale,
+                        CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    """One tile of the backward: ``P = exp(S - L)`` recomputed, and ``dS = P * (dO V^T - D)``."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale
+    keep = row_ok[:, None] & col_ok[None, :]
+    if CAUSAL:
+        keep = keep & (cols[None, :] <= rows[:, None])
+    p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+    return p, p * (dp - delta[:, None])
+
+
+@triton.jit
 def _flash_backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sm_scale,
                                 s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, n_heads, n_q, n_k,
                                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -110,14 +123,8 @@ def _flash_backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sm_scale,
         do = tl.load(DO + q_offsets, mask=row_ok[:, None], other=0.0)
         lse = tl.load(LSE + bh * n_q + rows, mask=row_ok, other=0.0)
         delta = tl.load(DELTA + bh * n_q + rows, mask=row_ok, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale
-        keep = row_ok[:, None] & col_ok[None, :]
-        if CAUSAL:
-            keep = keep & (cols[None, :] <= rows[:, None])
-        p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)
+        p, ds = _recompute_p_and_ds(q, k, v, do, lse, delta, rows, cols, row_ok, col_ok, sm_scale, CAUSAL, PRECISION)
         dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        ds = p * (dp - delta[:, None])
         dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
     tl.store(DK + kv_offsets, (dk * sm_scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
     tl.store(DV + kv_offsets, dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
@@ -150,13 +157,7 @@ def _flash_backward_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sm_scale,
         kv_offsets = b * s_kb + h * s_kh + cols[:, None] * s_kn + dims[None, :]
         k = tl.load(K + kv_offsets, mask=col_ok[:, None], other=0.0)
         v = tl.load(V + kv_offsets, mask=col_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale
-        keep = row_ok[:, None] & col_ok[None, :]
-        if CAUSAL:
-            keep = keep & (cols[None, :] <= rows[:, None])
-        p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        ds = p * (dp - delta[:, None])
+        _, ds = _recompute_p_and_ds(q, k, v, do, lse, delta, rows, cols, row_ok, col_ok, sm_scale, CAUSAL, PRECISION)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     tl.store(DQ + q_offsets, (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
