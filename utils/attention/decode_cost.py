@@ -1,0 +1,84 @@
+"""Why decoding is memory-bound: a roofline model of one decode step of a LLaMA-style model.
+
+One decode step runs the model on one new token for each of ``batch``
+sequences that already have ``context`` tokens cached. With ``N`` parameters
+of ``b`` bytes:
+
+- FLOPs: ``2 N`` per token for the matmuls (Kaplan et al., "Scaling Laws for
+  Neural Language Models", arXiv:2001.08361, section 2.1: a forward pass costs
+  about ``2N`` FLOPs per token; the embedding lookup, counted in ``N``, does
+  no FLOPs, so this slightly overcounts), plus attention over the cache,
+  ``4 L H d S`` per token (``q K^T`` and ``P V``, 2 FLOPs per multiply-add);
+- bytes: the weights, ``N b``, read **once per step for the whole batch**,
+  plus each sequence's own KV cache, ``2 L H_kv d S b``
+  (:func:`utils.attention.kv_cache.kv_cache_bytes`), read once per step.
+
+The step takes at least ``max(FLOPs / peak, bytes / bandwidth)``
+(:func:`utils.gpu.roofline.min_seconds`), and serves ``batch`` tokens. Its
+arithmetic intensity grows with the batch while the weights dominate the bytes
+(about ``batch * 2 / b`` FLOPs per byte), and falls to the cache's own
+``2 H / (H_kv b)`` when the caches dominate: ``H / H_kv`` in fp16, 1 for MHA.
+Activations, kernel launches and communication are left out.
+"""
+
+from __future__ import annotations
+
+from utils.attention.kv_cache import AttentionConfig, kv_cache_bytes
+from utils.gpu import hardware
+from utils.gpu.roofline import OpCost, min_seconds
+from utils.validate import check_nonnegative_int, check_positive, check_positive_int
+
+
+def llama_param_count(n_layers: int, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                      intermediate: int, vocab: int, tied_embeddings: bool = False) -> int:
+    """Parameters of a LLaMA-style decoder (no biases).
+
+    Per layer: ``W_q``, ``W_o`` (``hidden x H d``), ``W_k``, ``W_v`` (``hidden x H_kv d``), the SwiGLU MLP's
+    three ``hidden x intermediate`` matrices and two RMSNorm gains; then the token embedding, a final
+    RMSNorm and the output projection (``vocab x hidden`` each, shared if ``tied_embeddings``).
+    """
+    for name, value in (("n_layers", n_layers), ("hidden", hidden), ("n_heads", n_heads),
+                        ("n_kv_heads", n_kv_heads), ("head_dim", head_dim), ("intermediate", intermediate),
+                        ("vocab", vocab)):
+        check_positive_int(name, value)
+    attention = 2 * hidden * n_heads * head_dim + 2 * hidden * n_kv_heads * head_dim
+    per_layer = attention + 3 * hidden * intermediate + 2 * hidden
+    return n_layers * per_layer + hidden + vocab * hidden * (1 if tied_embeddings else 2)
+
+
+def decode_step_cost(n_params: float, config: AttentionConfig, batch: int, context: int,
+                     bytes_per_elem: int = 2) -> OpCost:
+    """FLOPs and HBM bytes of one decode step: ``batch`` new tokens over caches of ``context`` tokens.
+
+    FLOPs ``= batch (2 N + 4 L H d S)``; bytes ``= N b + 2 L H_kv d S b batch`` (module docstring).
+    ``context = 0`` leaves the cache out.
+    """
+    check_positive("n_params", n_params, finite=True)
+    check_positive_int("batch", batch)
+    check_nonnegative_int("context", context)
+    flops = batch * (2.0 * n_params + 4.0 * config.n_layers * config.n_heads * config.head_dim * context)
+    cache = kv_cache_bytes(config.n_layers, config.n_kv_heads, config.head_dim, context, batch,
+                           bytes_per_elem) if context else 0
+    return OpCost(flops, float(n_params) * bytes_per_elem + cache)
+
+
+def decode_tokens_per_second(n_params: float, config: AttentionConfig, batch: int, context: int,
+                             gpu: str = "H100-SXM", precision: str = "fp16", bytes_per_elem: int = 2) -> float:
+    """Roofline upper bound on decode throughput: ``batch / max(FLOPs / peak, bytes / bandwidth)`` tokens/s."""
+    cost = decode_step_cost(n_params, config, batch, context, bytes_per_elem)
+    return batch / min_seconds(cost, gpu, precision)
+
+
+def max_batch(n_params: float, config: AttentionConfig, context: int, gpu: str = "H100-SXM",
+              bytes_per_elem: int = 2) -> int:
+    """Sequences of ``context`` tokens whose caches fit beside the weights: ``floor((HBM - N b) / cache)``.
+
+    An upper bound: activations and the framework's own memory are left out, and it assumes no
+    memory is wasted by the allocator (the paged ideal).
+    """
+    check_positive_int("context", context)
+    free = hardware.spec(gpu).hbm_bytes - n_params * bytes_per_elem
+    if free <= 0:
+        raise ValueError(f"the weights ({n_params * bytes_per_elem / 1e9:.1f} GB) do not fit in one {gpu}")
+    return int(free // kv_cache_bytes(config.n_layers, config.n_kv_heads, config.head_dim, context, 1,
+                                      bytes_per_elem))
