@@ -1,7 +1,8 @@
 import pytest
 
 from utils.attention import MODELS
-from utils.attention.decode_cost import decode_step_cost, decode_tokens_per_second, llama_param_count, max_batch
+from utils.attention.decode_cost import (decode_step_cost, decode_tokens_per_second, llama_param_count, max_batch,
+                                        param_count, params_read_per_step)
 from utils.gpu import hardware
 from utils.gpu.roofline import ridge_point
 
@@ -58,3 +59,16 @@ def test_bad_input_raises():
         decode_step_cost(7e9, LLAMA2_7B, batch=0, context=10)
     with pytest.raises(ValueError, match="do not fit"):
         max_batch(70e9, LLAMA2_7B, 2048)
+
+
+@pytest.mark.parametrize("model, published", [("LLaMA-2-7B", 6_738_415_616), ("Llama-3-8B", 8_030_261_248),
+                                              ("Mistral-7B", 7_241_732_096)])  # Mistral: "7.24B params"
+def test_param_count_by_name(model, published):
+    assert param_count(model) == published
+    hidden, vocab = MODELS[model].hidden, {"LLaMA-2-7B": 32000, "Llama-3-8B": 128256, "Mistral-7B": 32000}[model]
+    assert param_count(model) - params_read_per_step(model) == hidden * vocab
+
+
+def test_unknown_model_raises():
+    with pytest.raises(ValueError, match="known: LLaMA-2-7B"):
+        param_count("GPT-2")

@@ -1,14 +1,15 @@
 """Why decoding is memory-bound: a roofline model of one decode step of a LLaMA-style model.
 
 One decode step runs the model on one new token for each of ``batch``
-sequences that already have ``context`` tokens cached. With ``N`` parameters
-of ``b`` bytes:
+sequences that already have ``context`` tokens cached. Let ``N`` be the
+parameters a step reads: every weight matrix, i.e. all parameters but the
+input embedding table, of which a step reads only ``batch`` rows
+(:func:`params_read_per_step`). With ``b`` bytes per element:
 
-- FLOPs: ``2 N`` per token for the matmuls (Kaplan et al., "Scaling Laws for
-  Neural Language Models", arXiv:2001.08361, section 2.1: a forward pass costs
-  about ``2N`` FLOPs per token; the embedding lookup, counted in ``N``, does
-  no FLOPs, so this slightly overcounts), plus attention over the cache,
-  ``4 L H d S`` per token (``q K^T`` and ``P V``, 2 FLOPs per multiply-add);
+- FLOPs: ``2 N`` per token for the matmuls, two per multiply-add (Kaplan et
+  al., "Scaling Laws for Neural Language Models", arXiv:2001.08361, Table 1:
+  a forward pass costs ``2N`` FLOPs per token, embedding excluded), plus
+  attention over the cache, ``4 L H d S`` per token (``q K^T`` and ``P V``);
 - bytes: the weights, ``N b``, read **once per step for the whole batch**,
   plus each sequence's own KV cache, ``2 L H_kv d S b``
   (:func:`utils.attention.kv_cache.kv_cache_bytes`), read once per step.
@@ -23,7 +24,7 @@ Activations, kernel launches and communication are left out.
 
 from __future__ import annotations
 
-from utils.attention.kv_cache import AttentionConfig, kv_cache_bytes
+from utils.attention.kv_cache import MODELS, AttentionConfig, kv_cache_bytes
 from utils.gpu import hardware
 from utils.gpu.roofline import OpCost, min_seconds
 from utils.validate import check_nonnegative_int, check_positive, check_positive_int
@@ -46,10 +47,30 @@ def llama_param_count(n_layers: int, hidden: int, n_heads: int, n_kv_heads: int,
     return n_layers * per_layer + hidden + vocab * hidden * (1 if tied_embeddings else 2)
 
 
+FFN_AND_VOCAB = {"LLaMA-2-7B": (11008, 32000), "Llama-3-8B": (14336, 128256), "Mistral-7B": (14336, 32000)}
+"""``intermediate_size`` and ``vocab_size`` of the models of :data:`utils.attention.kv_cache.MODELS` served
+here, from the same ``config.json`` files (untied embeddings). Their totals are the published parameter
+counts, 6,738,415,616, 8,030,261,248 and 7,241,732,096 (tests/attention/test_decode_cost.py)."""
+
+
+def param_count(model: str) -> int:
+    """All parameters of ``model`` (one of :data:`FFN_AND_VOCAB`): what sits in GPU memory."""
+    if model not in FFN_AND_VOCAB:
+        raise ValueError(f"unknown model {model!r}; known: {', '.join(FFN_AND_VOCAB)}")
+    c = MODELS[model]
+    return llama_param_count(c.n_layers, c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, *FFN_AND_VOCAB[model])
+
+
+def params_read_per_step(model: str) -> int:
+    """Parameters one decode step reads in full: all but the input embedding table (``vocab x hidden``)."""
+    return param_count(model) - FFN_AND_VOCAB[model][1] * MODELS[model].hidden
+
+
 def decode_step_cost(n_params: float, config: AttentionConfig, batch: int, context: int,
                      bytes_per_elem: int = 2) -> OpCost:
     """FLOPs and HBM bytes of one decode step: ``batch`` new tokens over caches of ``context`` tokens.
 
+    ``n_params`` is ``N``, the parameters the step reads (:func:`params_read_per_step`).
     FLOPs ``= batch (2 N + 4 L H d S)``; bytes ``= N b + 2 L H_kv d S b batch`` (module docstring).
     ``context = 0`` leaves the cache out.
     """
@@ -71,7 +92,9 @@ def decode_tokens_per_second(n_params: float, config: AttentionConfig, batch: in
 
 def max_batch(n_params: float, config: AttentionConfig, context: int, gpu: str = "H100-SXM",
               bytes_per_elem: int = 2) -> int:
-    """Sequences of ``context`` tokens whose caches fit beside the weights: ``floor((HBM - N b) / cache)``.
+    """Sequences of ``context`` tokens whose caches fit beside the weights: ``floor((HBM - P b) / cache)``.
+
+    ``n_params`` is ``P``, *all* the parameters (:func:`param_count`): they all sit in memory.
 
     An upper bound: activations and the framework's own memory are left out, and it assumes no
     memory is wasted by the allocator (the paged ideal).

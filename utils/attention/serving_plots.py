@@ -11,7 +11,8 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from utils.attention.allocation import COMPONENTS, POLICIES, VLLM_FIGURE2, MemoryShares
-from utils.attention.decode_cost import decode_step_cost, decode_tokens_per_second, max_batch
+from utils.attention.decode_cost import (decode_step_cost, decode_tokens_per_second, max_batch, param_count,
+                                        params_read_per_step)
 from utils.attention.kv_cache import MODELS
 from utils.attention.paged_cache import PagedKVCache
 from utils.gpu import hardware
@@ -21,11 +22,11 @@ COMPONENT_COLORS = {"token_states": "tab:green", "reservation": "tab:olive", "in
                     "external": "tab:red", "free": "0.85"}
 
 
-def plot_decode_roofline(model: str = "LLaMA-2-7B", n_params_b: float = 6.74, context: int = 2048,
-                         gpu: str = "H100-SXM", precision: str = "fp16") -> Figure:
+def plot_decode_roofline(model: str = "LLaMA-2-7B", context: int = 2048, gpu: str = "H100-SXM",
+                         precision: str = "fp16") -> Figure:
     """Left: decode steps of batch 1..1024 on ``gpu``'s roofline. Right: tokens/s against batch, with the
-    batch whose caches fill the GPU's memory."""
-    config, g, n = MODELS[model], hardware.spec(gpu), n_params_b * 1e9
+    batch whose caches fill the GPU's memory beside all the weights (:mod:`utils.attention.decode_cost`)."""
+    config, g, n = MODELS[model], hardware.spec(gpu), params_read_per_step(model)
     peak, bw = g.flops(precision), g.hbm_bandwidth
     batches = 2 ** np.arange(0, 11)
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 3.6))
@@ -44,7 +45,7 @@ def plot_decode_roofline(model: str = "LLaMA-2-7B", n_params_b: float = 6.74, co
     left.set(xlabel="arithmetic intensity (FLOPs/byte)", ylabel="attainable TFLOP/s",
              title=f"{model} decode on {gpu} ({precision})")
     left.legend(fontsize=8, loc="lower right")
-    cap = max_batch(n, config, max(context, 1), gpu)
+    cap = max_batch(param_count(model), config, max(context, 1), gpu)
     bs = np.unique(np.round(np.logspace(0, 10, 80, base=2)).astype(int))
     for ctx, color in ((0, "tab:blue"), (context, "tab:red")):
         right.loglog(bs, [decode_tokens_per_second(n, config, int(b), ctx, gpu, precision) for b in bs],
@@ -62,43 +63,55 @@ def plot_decode_roofline(model: str = "LLaMA-2-7B", n_params_b: float = 6.74, co
 def plot_block_tables(cache: PagedKVCache, names: dict[int, str], title: str = "") -> Figure:
     """Each sequence's logical blocks (left) and the physical pool (right), arrows for the block tables.
 
-    A pool block used by several sequences (shared, reference count > 1) is hatched.
+    Logical blocks are shaded by how full they are; a pool block used by several sequences (reference
+    count > 1) is hatched and labelled with its count.
     """
-    seqs = list(names)
-    colors = {seq: plt.get_cmap("tab10")(i) for i, seq in enumerate(seqs)}
-    n_rows = max(len(seqs), 1)
-    fig, ax = plt.subplots(figsize=(8.0, 0.8 + 0.55 * max(n_rows, cache.num_blocks / 4)))
-    pool_x, bs = 6.5, cache.block_size
-    for b in range(cache.num_blocks):
-        y = n_rows - 0.5 - b * (n_rows / cache.num_blocks) if cache.num_blocks > n_rows else n_rows - 1 - b
+    fig, ax = plt.subplots(figsize=(8.0, 0.9 + 0.3 * cache.num_blocks))
+    draw_block_tables(ax, cache, names, title)
+    fig.tight_layout()
+    return fig
+
+
+def _is_live(cache: PagedKVCache, seq: int) -> bool:
+    try:
+        cache.length(seq)
+    except ValueError:
+        return False
+    return True
+
+
+def draw_block_tables(ax: plt.Axes, cache: PagedKVCache, names: dict[int, str], title: str = "") -> None:
+    """Draw :func:`plot_block_tables`'s picture on ``ax`` (one frame of an animation)."""
+    seqs = [seq for seq in names if _is_live(cache, seq)]  # sequences freed since are left out
+    colors = {seq: plt.get_cmap("tab10")(i) for i, seq in enumerate(names)}
+    pitch, bs = 0.4, cache.block_size
+    height = cache.num_blocks * pitch
+    pool_x = 1.1 * max([len(cache.block_table(s)) for s in seqs] + [4]) + 1.5
+    pool_y = {b: height - (b + 0.5) * pitch for b in range(cache.num_blocks)}
+    for b, y in pool_y.items():
         owners = [s for s in seqs if b in cache.block_table(s)]
-        face = colors[owners[0]] if owners else "white"
-        ax.add_patch(plt.Rectangle((pool_x, y - 0.2), 1.6, 0.4, facecolor=face, edgecolor="black", alpha=0.7,
-                                   hatch="//" if cache.refcount(b) > 1 else None))
-        ax.text(pool_x + 1.7, y, f"#{b}" + (f" (ref {cache.refcount(b)})" if cache.refcount(b) > 1 else ""),
-                va="center", fontsize=7)
-    block_y = {}
-    for b in range(cache.num_blocks):
-        block_y[b] = n_rows - 0.5 - b * (n_rows / cache.num_blocks) if cache.num_blocks > n_rows else n_rows - 1 - b
+        shared = cache.refcount(b) > 1
+        ax.add_patch(plt.Rectangle((pool_x, y - 0.45 * pitch), 1.6, 0.9 * pitch, edgecolor="black", alpha=0.75,
+                                   facecolor=colors[owners[0]] if owners else "white", hatch="//" if shared else None))
+        ax.text(pool_x + 1.7, y, f"#{b}" + (f"  shared, ref {cache.refcount(b)}" if shared else ""), va="center",
+                fontsize=7)
     for row, seq in enumerate(seqs):
-        y = n_rows - 1 - row
+        y = height - (row + 0.5) * height / max(len(seqs), 1)
         ax.text(-0.1, y, names[seq], ha="right", va="center", fontsize=8)
         length = cache.length(seq)
         for i, b in enumerate(cache.block_table(seq)):
             filled = min(bs, length - i * bs)
             ax.add_patch(plt.Rectangle((i * 1.1, y - 0.2), 1.0, 0.4, facecolor="white", edgecolor=colors[seq]))
-            ax.add_patch(plt.Rectangle((i * 1.1, y - 0.2), filled / bs, 0.4, facecolor=colors[seq], alpha=0.7))
-            ax.annotate("", (pool_x, block_y[b]), (i * 1.1 + 1.0, y),
+            ax.add_patch(plt.Rectangle((i * 1.1, y - 0.2), filled / bs, 0.4, facecolor=colors[seq], alpha=0.75))
+            ax.annotate("", (pool_x, pool_y[b]), (i * 1.1 + 1.0, y),
                         arrowprops=dict(arrowstyle="->", color=colors[seq], lw=0.8, alpha=0.8))
-    ax.text(0, n_rows - 0.35, f"logical blocks ({bs} tokens each; filled share shaded)", fontsize=7)
-    ax.text(pool_x, n_rows - 0.1 + 0.1, "physical pool", fontsize=7)
-    ax.set_xlim(-1.5, pool_x + 3.2)
-    ax.set_ylim(-0.7, n_rows + 0.1)
+    ax.text(0, height + 0.15, f"logical blocks of {bs} tokens (filled part shaded)", fontsize=7)
+    ax.text(pool_x, height + 0.15, "physical pool", fontsize=7)
+    ax.set_xlim(-1.6, pool_x + 4.0)
+    ax.set_ylim(-0.1, height + 0.5)
     ax.axis("off")
-    ax.set_title(title or f"{cache.num_free_blocks} of {cache.num_blocks} blocks free, {cache.copies} copied",
-                 fontsize=9)
-    fig.tight_layout()
-    return fig
+    ax.set_title(title or f"{cache.num_free_blocks} of {cache.num_blocks} blocks free, {cache.copies} copied "
+                 "on write", fontsize=9)
 
 
 def plot_memory_shares(results: dict[str, MemoryShares], title: str = "") -> Figure:
