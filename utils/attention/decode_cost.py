@@ -17,8 +17,9 @@ input embedding table, of which a step reads only ``batch`` rows
 The step takes at least ``max(FLOPs / peak, bytes / bandwidth)``
 (:func:`utils.gpu.roofline.min_seconds`), and serves ``batch`` tokens. Its
 arithmetic intensity grows with the batch while the weights dominate the bytes
-(about ``batch * 2 / b`` FLOPs per byte), and falls to the cache's own
-``2 H / (H_kv b)`` when the caches dominate: ``H / H_kv`` in fp16, 1 for MHA.
+(about ``batch * 2 / b`` FLOPs per byte) and levels off as the caches take
+over: their own work runs at ``2 H / (H_kv b)`` FLOPs per byte (``H / H_kv``
+in fp16, 1 for MHA), the limit when they dominate both FLOPs and bytes.
 Activations, kernel launches and communication are left out.
 """
 
