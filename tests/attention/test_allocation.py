@@ -1,7 +1,10 @@
 import pytest
 
 from utils.attention.allocation import (
+    COMPONENTS,
     POLICIES,
+    SHAREGPT_MEAN_LENGTHS,
+    VLLM_FIGURE2,
     VLLM_TOKEN_STATE_SHARE,
     Request,
     sample_requests,
@@ -9,7 +12,8 @@ from utils.attention.allocation import (
 )
 
 # ShareGPT's mean input and output lengths as the vLLM paper reports them (arXiv:2309.06180, section 6.1, Figure 11).
-SHAREGPT = dict(mean_prompt=161, mean_output=338, max_len=2048)
+SHAREGPT = dict(mean_prompt=SHAREGPT_MEAN_LENGTHS["prompt"].value, mean_output=SHAREGPT_MEAN_LENGTHS["output"].value,
+                max_len=2048)
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +36,7 @@ def test_the_policies_rank_as_in_the_vllm_paper(shares):
 
 
 def test_paged_allocation_wastes_under_4_percent(shares):
-    """Section 1: "vLLM ... [wastes] under 4%"; Figure 2: 96.3% of its KV memory holds token states."""
+    """Figure 2: 96.3% of vLLM's KV memory holds token states (the vLLM blog: "a mere waste of under 4%")."""
     paged = shares["paged"]
     assert paged.reservation == paged.external == 0
     assert paged.token_states > 0.96 and paged.internal < 0.04
@@ -74,3 +78,23 @@ def test_bad_input_raises(kwargs, match):
 def test_requests_longer_than_max_len_are_refused():
     with pytest.raises(ValueError, match="max_len"):
         simulate([Request(0, 2000, 100)], "paged", capacity_tokens=4096)
+
+
+def test_figure2_bars_sum_to_the_whole():
+    """The labelled bars of each Orca variant add up to 100% (to the paper's rounding)."""
+    for policy in ("max", "pow2", "oracle"):
+        assert sum(VLLM_FIGURE2[policy][part].value for part in COMPONENTS) == pytest.approx(1.0, abs=0.0015)
+
+
+def test_pow2_reserves_the_output_rounded_up_to_a_power_of_two():
+    """Section 6.1: "if the true output length is 25, it reserves 32 positions for outputs".
+
+    A (prompt 10, output 25) reserves 10 + 32 = 42 of 64 slots; B (prompt 30) needs 31 and waits. After A's
+    prefill: 11 tokens, 24 reserved for its later tokens, 32 - 25 = 7 never used, 64 - 42 = 22 outside; B waits
+    until A ends, and at every one of those steps tokens + reservation = 35, internal = 7 and external = 22.
+    (Rounding the whole length 35 up to 64 instead would leave 29 slots of internal and none external.)
+    """
+    result = simulate([Request(0, 10, 25), Request(0, 30, 1)], "pow2", capacity_tokens=64, max_len=64)
+    assert result.finished == 2 and result.steps == 24
+    assert result.token_states + result.reservation == pytest.approx(35 / 64)
+    assert (result.internal, result.external) == pytest.approx((7 / 64, 22 / 64))

@@ -18,6 +18,12 @@ Modules:
   and the configurations of LLaMA-2, Llama 3, Mistral and DeepSeek-V2/V3;
 - :mod:`utils.attention.paged_cache`: a paged KV cache with block tables and
   copy-on-write (vLLM's PagedAttention memory manager);
+- :mod:`utils.attention.paged_attention`: decode attention that reads K/V through a paged
+  cache's block tables (online softmax per block), and the contiguous reference it must equal;
+- :mod:`utils.attention.decode_cost`: why decode is memory-bound: FLOPs, HBM bytes and tokens/s
+  of one decode step on a roofline, the batch whose caches fit;
+- :mod:`utils.attention.serving_plots`: the serving chapter's figures (decode on the roofline,
+  block tables, where KV memory goes);
 - :mod:`utils.attention.allocation`: a serving simulator of the memory that
   contiguous and paged allocation waste, against the vLLM paper's Figure 2.
 

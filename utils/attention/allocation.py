@@ -11,16 +11,25 @@ memory of a serving system into four parts:
 - **external fragmentation**: free memory that cannot be used, because no
   free gap is large enough for the next request's contiguous reservation.
 
-A contiguous allocator must reserve a request's maximum length up front: the
-model's context (``"max"``), the next power of two of the true length
-(``"pow2"``) or, with an oracle, exactly the true length (``"oracle"``), the
-three Orca variants of the paper. A paged allocator (``"paged"``) takes a
-``block_size``-token block whenever a sequence fills its last one, so only the
-tail of the last block is wasted.
+A contiguous allocator must reserve a request's maximum length up front. The
+paper's three Orca baselines (section 6.1, "Baseline 2") differ in how much:
+the model's maximum sequence length, 2048 tokens (``"max"``); the prompt plus
+the true output length rounded up to a power of two, "over-reserves the space
+for outputs by at most 2x ... if the true output length is 25, it reserves 32
+positions" (``"pow2"``); or, with an oracle, exactly the true length
+(``"oracle"``). A paged allocator (``"paged"``) takes a ``block_size``-token
+block whenever a sequence fills its last one, so only the tail of the last
+block is wasted. The paper's Orca places reservations with a buddy allocator;
+this simulator uses first fit, so its external fragmentation is not the
+paper's.
 
-The paper measured, over its ShareGPT traces, 20.4%, 26.8% and 38.2% of the KV
-memory holding token states for Orca (Max), (Pow2) and (Oracle), and 96.3% for
-vLLM (:data:`VLLM_TOKEN_STATE_SHARE`).
+Figure 2 ("Average percentage of memory wastes in different LLM serving
+systems during the experiment in section 6.2") shows 20.4%, 26.8% and 38.2% of
+the KV memory holding token states for Orca (Max), (Pow2) and (Oracle), and
+96.3% for vLLM (:data:`VLLM_TOKEN_STATE_SHARE`; every bar of the figure is in
+:data:`VLLM_FIGURE2`). The "mere waste of under 4%" often quoted for vLLM is
+from the vLLM blog post (Kwon et al., "vLLM: Easy, Fast, and Cheap LLM Serving
+with PagedAttention", 20 June 2023), not from the paper.
 """
 
 from __future__ import annotations
@@ -36,12 +45,33 @@ from utils.validate import check_positive, check_positive_int
 POLICIES = ("max", "pow2", "oracle", "paged")
 
 _VLLM = "Kwon et al., 'Efficient Memory Management for Large Language Model Serving with PagedAttention', " \
-        "arXiv:2309.06180, Figure 2"
-VLLM_TOKEN_STATE_SHARE = {
-    policy: Published(value, "share of KV-cache memory holding token states", _VLLM)
-    for policy, value in (("max", 0.204), ("pow2", 0.268), ("oracle", 0.382), ("paged", 0.963))
+        "SOSP 2023, arXiv:2309.06180, Figure 2"
+COMPONENTS = ("token_states", "reservation", "internal", "external")
+"""The four parts of KV memory in Figure 2, bottom to top."""
+_FIGURE2 = {  # percent, bottom to top; Oracle has no internal fragmentation, vLLM's remaining 3.7% is unlabelled
+    "max": (20.4, 13.3, 57.3, 8.9),
+    "pow2": (26.8, 17.9, 13.6, 41.6),
+    "oracle": (38.2, 25.2, 0.0, 36.6),
+    "paged": (96.3, None, None, None),
 }
+VLLM_FIGURE2 = {
+    policy: {part: Published(value / 100, f"share of KV-cache memory: {part.replace('_', ' ')}", _VLLM)
+             for part, value in zip(COMPONENTS, values) if value is not None}
+    for policy, values in _FIGURE2.items()
+}
+"""Every labelled bar of Figure 2, as a share (0 to 1), by policy and component.
+
+The paper labels Orca's top component "External frag. & Others". Orca
+(Oracle) shows no internal-fragmentation bar (it knows each output length);
+vLLM's bar is labelled with its token-state share only.
+"""
+VLLM_TOKEN_STATE_SHARE = {policy: parts["token_states"] for policy, parts in VLLM_FIGURE2.items()}
 """Average share of KV memory used by token states, by allocation policy, as the vLLM paper measured it."""
+SHAREGPT_MEAN_LENGTHS = {
+    "prompt": Published(161.31, "tokens", "arXiv:2309.06180, Figure 11a legend: ShareGPT input (mean: 161.31)"),
+    "output": Published(337.99, "tokens", "arXiv:2309.06180, Figure 11a legend: ShareGPT output (mean: 337.99)"),
+}
+"""Mean prompt and output lengths of the ShareGPT trace the paper synthesises its workloads from (section 6.1)."""
 
 
 @dataclass(frozen=True)
@@ -94,8 +124,8 @@ def sample_requests(n: int, mean_prompt: float, mean_output: float, max_len: int
 def _reserve(request: Request, policy: str, max_len: int) -> int:
     if policy == "max":
         return max_len
-    if policy == "pow2":
-        return min(max_len, 1 << math.ceil(math.log2(request.final_len)))
+    if policy == "pow2":  # the output rounded up to a power of two (section 6.1: 25 -> 32)
+        return min(max_len, request.prompt_len + (1 << math.ceil(math.log2(request.output_len))))
     return request.final_len
 
 
