@@ -49,3 +49,13 @@ def test_bad_input_raises(shapes, kwargs, match):
     q, k, v = (torch.zeros(s, device=device()) for s in shapes)
     with pytest.raises(ValueError, match=match):
         flash_attention(q, k, v, **kwargs)
+
+
+def test_the_package_exports_the_launcher():
+    """Part 3's API: ``utils.kernels.flash_attention(q, k, v, causal=False, sm_scale=None)``."""
+    import utils.kernels
+
+    q, k, v = (t.float() for t in _inputs(1, 1, 20, 20, 16, torch.float32))
+    assert utils.kernels.flash_attention is flash_attention
+    torch.testing.assert_close(utils.kernels.flash_attention(q, k, v, causal=True),
+                               attention_reference(q, k, v, causal=True), rtol=2e-4, atol=2e-4)
