@@ -51,12 +51,13 @@ _FFN_AND_VOCAB = {"LLaMA-2-7B": (11008, 32000), "LLaMA-2-70B": (28672, 32000),
 
 @dataclass(frozen=True)
 class PolicyModel:
-    """A LLaMA-style model's parameter count, the parameters a decode step reads, and its attention shape."""
+    """A LLaMA-style model's parameter count, the parameters a decode step reads, its attention and FFN sizes."""
 
     name: str
     n_params: int
     n_params_read: int
     attention: AttentionConfig
+    intermediate: int
 
 
 def policy_model(name: str) -> PolicyModel:
@@ -66,7 +67,7 @@ def policy_model(name: str) -> PolicyModel:
     c = MODELS[name]
     ffn, vocab = _FFN_AND_VOCAB[name]
     n = llama_param_count(c.hidden, c.n_layers, vocab, ffn, c.n_heads, c.n_kv_heads)
-    return PolicyModel(name, n, n - vocab * c.hidden, c)  # a decode step reads all but the input embedding
+    return PolicyModel(name, n, n - vocab * c.hidden, c, ffn)  # a decode step reads all but the input embedding
 
 
 MODEL_NAMES = tuple(_FFN_AND_VOCAB)
