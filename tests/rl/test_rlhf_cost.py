@@ -3,8 +3,8 @@ import pytest
 from utils.attention.decode_cost import decode_step_cost, param_count, params_read_per_step
 from utils.gpu.roofline import min_seconds
 from utils.parallel.memory import zero_model_state_breakdown, zero_model_state_bytes
-from utils.parallel.training import training_flops
 from utils.gpu.hardware import spec
+from utils.parallel.training import training_flops
 from utils.rl.rlhf_cost import (MODEL_NAMES, generation_seconds, policy_model, rlhf_memory_bytes, rlhf_step_time)
 
 N7, N70 = 6.738e9, 68.98e9
@@ -54,7 +54,8 @@ def test_training_is_6nd():
     t = rlhf_step_time("grpo", m, n_prompts=8, group_size=8, prompt_len=200, response_len=300, n_gpus=8, mfu=0.4,
                        reference=False, reward_model=False)
     assert t.scoring == 0
-    assert t.training == pytest.approx(training_flops(m.n_params, 64 * 500) / (8 * spec("H100-SXM").flops("bf16") * 0.4))
+    cluster = 8 * spec("H100-SXM").flops("bf16") * 0.4
+    assert t.training == pytest.approx(training_flops(m.n_params, 64 * 500) / cluster)
     dpo = rlhf_step_time("dpo", m, 8, 2, 200, 300)
     assert dpo.generation == 0 and dpo.generation_share == 0
 

@@ -121,7 +121,7 @@ def count_trainable(model: nn.Module) -> int:
 
 
 def lora_param_count(shapes: list[tuple[int, int]], rank: int) -> int:
-    """Trainable LoRA parameters for adapted matrices of the given ``(d_in, d_out)`` shapes: ``sum r (d_in + d_out)``."""
+    """Trainable LoRA parameters of adapted matrices of ``(d_in, d_out)`` shapes: ``sum r (d_in + d_out)``."""
     check_positive_int("rank", rank)
     total = 0
     for d_in, d_out in shapes:

@@ -56,7 +56,8 @@ def plot_singular_values(rank: int = 4, d: int = 64, seed: int = 0) -> Figure:
     fig, ax = plt.subplots()
     idx = np.arange(1, d + 1)
     ax.semilogy(idx, torch.linalg.svdvals(dense).clamp_min(1e-16).numpy(), "o-", ms=3, label="dense update (full FT)")
-    ax.semilogy(idx, torch.linalg.svdvals(low).clamp_min(1e-16).numpy(), "s-", ms=3, label=f"LoRA update B A, r = {rank}")
+    ax.semilogy(idx, torch.linalg.svdvals(low).clamp_min(1e-16).numpy(), "s-", ms=3,
+                label=f"LoRA update B A, r = {rank}")
     ax.axvline(rank + 0.5, color="gray", ls=":")
     ax.set_xlabel("index of the singular value")
     ax.set_ylabel("singular value (log)")
