@@ -1,0 +1,30 @@
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from utils.rl import post_training_plots as plots  # noqa: E402
+
+
+@pytest.mark.parametrize("call", [
+    lambda: plots.plot_pipeline(),
+    lambda: plots.plot_singular_values(rank=3, d=16),
+    lambda: plots.plot_lora_memory(rank=16, targets=("q_proj", "k_proj", "v_proj", "o_proj"), model="Llama-3-8B",
+                                   frozen_bytes=0.5),
+    lambda: plots.plot_rlhf_memory(model="LLaMA-2-70B", n_gpus=64, stage=2),
+    lambda: plots.plot_step_time(model="Llama-3-8B", group_size=4, response_len=128, tp=2, algorithm="ppo"),
+])
+def test_each_plot_returns_a_figure(call):
+    fig = call()
+    assert isinstance(fig, Figure) and fig.axes
+    plt.close(fig)
+
+
+def test_the_singular_value_plot_shows_rank_r():
+    fig = plots.plot_singular_values(rank=5, d=20)
+    low = fig.axes[0].lines[1].get_ydata()
+    assert (low[:5] > 1e-3 * low[0]).all() and (low[5:] < 1e-10 * low[0]).all()
+    plt.close(fig)

@@ -1,0 +1,205 @@
+"""What one RLHF step holds in GPU memory and where its time goes: PPO, GRPO and DPO on N GPUs.
+
+**Memory.** RLHF keeps up to four models (Ouyang et al. 2022, arXiv:2203.02155,
+section 3.5; Shao et al. 2024, DeepSeekMath, arXiv:2402.03300, section 4.1):
+
+- the policy, trained: weights, gradients and Adam state, ``(2 + 2 + 12) Psi``;
+- the reference policy, frozen: weights only, ``2 Psi`` (for the KL penalty);
+- the reward model, frozen: ``2 Psi_rm``;
+- the value model (critic), trained like the policy: PPO only. GRPO replaces it
+  by the mean reward of a group of samples; DPO needs neither reward nor value
+  model, and its reference log-probabilities can be computed once before
+  training (Rafailov et al. 2023, arXiv:2305.18290), so it keeps the policy alone.
+
+Each is sharded by ZeRO (:func:`utils.parallel.memory.zero_model_state_breakdown`):
+at stage 3 a frozen model's weights are split over the ``n_gpus`` too.
+
+**Time.** A PPO or GRPO step (1) *generates* ``G`` responses of ``R`` tokens to
+each of ``n_prompts`` prompts of ``P`` tokens: a prefill of the prompts, then
+``R`` decode steps of batch ``B = n_prompts x G``, each one read of the weights
+plus the KV caches (:func:`utils.attention.decode_cost.decode_step_cost`, at its
+roofline bound); (2) *scores* the ``B (P + R)`` tokens with forward passes of the
+reference, reward and value models (``2 N`` FLOPs per token each); (3) *trains*
+the policy (and the value model) on them, ``6 N`` FLOPs per token (Kaplan et al.
+2020, arXiv:2001.08361). Scoring, training and prefill run at ``mfu`` of the
+GPUs' peak. Generation is spread over ``n_gpus / tp`` replicas, each
+``tp``-way tensor parallel with ideal scaling. KV-cache memory limits, kernel
+launches and communication are left out, so the generation time is a lower
+bound: its true share of the step is larger still.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from utils.attention.decode_cost import decode_step_cost
+from utils.attention.kv_cache import MODELS, AttentionConfig
+from utils.attention.llama_sizes import llama_param_count
+from utils.gpu import hardware
+from utils.gpu.roofline import min_seconds
+from utils.parallel.memory import zero_model_state_breakdown
+from utils.parallel.training import FORWARD_FLOPS_PER_PARAM_PER_TOKEN, TRAINING_FLOPS_PER_PARAM_PER_TOKEN
+from utils.validate import check_positive, check_positive_int
+
+ALGORITHMS = ("ppo", "grpo", "dpo")
+
+_FFN_AND_VOCAB = {"LLaMA-2-7B": (11008, 32000), "LLaMA-2-70B": (28672, 32000),
+                  "Llama-3-8B": (14336, 128256), "Llama-3-70B": (28672, 128256)}
+"""``intermediate_size`` and ``vocab_size`` from the models' config.json (as in utils.attention.kv_cache.MODELS)."""
+
+
+@dataclass(frozen=True)
+class PolicyModel:
+    """A LLaMA-style model's parameter count, the parameters a decode step reads, its attention and FFN sizes."""
+
+    name: str
+    n_params: int
+    n_params_read: int
+    attention: AttentionConfig
+    intermediate: int
+
+
+def policy_model(name: str) -> PolicyModel:
+    """One of :data:`MODEL_NAMES`, counted by :func:`utils.attention.llama_sizes.llama_param_count`."""
+    if name not in _FFN_AND_VOCAB:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(_FFN_AND_VOCAB)}")
+    c = MODELS[name]
+    ffn, vocab = _FFN_AND_VOCAB[name]
+    n = llama_param_count(c.hidden, c.n_layers, vocab, ffn, c.n_heads, c.n_kv_heads)
+    return PolicyModel(name, n, n - vocab * c.hidden, c, ffn)  # a decode step reads all but the input embedding
+
+
+MODEL_NAMES = tuple(_FFN_AND_VOCAB)
+
+
+def _check_algorithm(algorithm: str) -> str:
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    return algorithm
+
+
+def rlhf_memory_bytes(algorithm: str, n_params: float, n_gpus: int = 1, stage: int = 3,
+                      reward_params: float | None = None, value_params: float | None = None,
+                      reference: bool = True, precompute_ref_log_probs: bool = True) -> dict[str, float]:
+    """Model-state bytes per GPU of each model an ``algorithm`` step holds: policy, reference, reward, value.
+
+    Trained models (policy; value for PPO) cost ``zero_model_state_bytes``; frozen
+    ones (reference, reward) their fp16 weights, ``zero_model_state_breakdown(...).params``.
+    ``reward_params`` and ``value_params`` default to ``n_params``. ``reference=False``
+    drops the KL reference of PPO/GRPO (TRL's GRPO with ``beta=0``); for DPO the
+    reference is held only if ``precompute_ref_log_probs`` is False. Absent models are 0.
+    """
+    _check_algorithm(algorithm)
+    check_positive("n_params", n_params)
+    reward_params = n_params if reward_params is None else check_positive("reward_params", reward_params)
+    value_params = n_params if value_params is None else check_positive("value_params", value_params)
+    for name, flag in (("reference", reference), ("precompute_ref_log_probs", precompute_ref_log_probs)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be True or False, got {flag!r}")
+
+    def trained(n: float) -> float:
+        return zero_model_state_breakdown(n, n_gpus, stage).total
+
+    def frozen(n: float) -> float:
+        return zero_model_state_breakdown(n, n_gpus, stage).params
+
+    holds_ref = (not precompute_ref_log_probs) if algorithm == "dpo" else reference
+    return {
+        "policy": trained(n_params),
+        "reference": frozen(n_params) if holds_ref else 0.0,
+        "reward": frozen(reward_params) if algorithm != "dpo" else 0.0,
+        "value": trained(value_params) if algorithm == "ppo" else 0.0,
+    }
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds of one RLHF step by phase (lower bounds); ``total`` and ``generation_share`` follow."""
+
+    generation: float
+    scoring: float
+    training: float
+
+    @property
+    def total(self) -> float:
+        return self.generation + self.scoring + self.training
+
+    @property
+    def generation_share(self) -> float:
+        return self.generation / self.total
+
+
+def generation_seconds(model: PolicyModel, n_sequences: int, prompt_len: int, response_len: int,
+                       n_gpus: int = 8, tp: int = 1, gpu: str = "H100-SXM", mfu: float = 0.4) -> float:
+    """Seconds to generate ``response_len`` tokens for each of ``n_sequences`` sequences on ``n_gpus`` GPUs.
+
+    The sequences are split over ``n_gpus / tp`` replicas; a replica prefills its
+    prompts (``2 N P`` FLOPs each, at ``mfu`` of peak) and then runs
+    ``response_len`` decode steps, step ``t`` at context ``P + t``, each at its
+    roofline bound (:func:`utils.gpu.roofline.min_seconds`) divided by ``tp``.
+    Raises ``ValueError`` if the bf16 weights split ``tp`` ways do not fit in one GPU.
+    """
+    check_positive_int("n_sequences", n_sequences)
+    check_positive_int("prompt_len", prompt_len)
+    check_positive_int("response_len", response_len)
+    _check_parallel(n_gpus, tp)
+    _check_mfu(mfu)
+    g = hardware.spec(gpu)
+    if 2 * model.n_params / tp >= g.hbm_bytes:
+        raise ValueError(f"{model.name}'s bf16 weights ({2 * model.n_params / 1e9:.0f} GB) split {tp} ways do not fit "
+                         f"in one {gpu} ({g.hbm_bytes / 1e9:.0f} GB): raise tp")
+    per_replica = math.ceil(n_sequences / (n_gpus // tp))
+    prefill = FORWARD_FLOPS_PER_PARAM_PER_TOKEN * model.n_params_read * per_replica * prompt_len
+    seconds = prefill / (g.flops("bf16") * mfu * tp)
+    for t in range(response_len):
+        cost = decode_step_cost(model.n_params_read, model.attention, per_replica, prompt_len + t)
+        seconds += min_seconds(cost, gpu, "bf16") / tp
+    return seconds
+
+
+def _check_mfu(mfu: float) -> float:
+    if not (check_positive("mfu", mfu) <= 1):
+        raise ValueError(f"mfu must be in (0, 1], got {mfu!r}")
+    return float(mfu)
+
+
+def _check_parallel(n_gpus: int, tp: int) -> None:
+    check_positive_int("n_gpus", n_gpus)
+    check_positive_int("tp", tp)
+    if n_gpus % tp:
+        raise ValueError(f"n_gpus ({n_gpus}) must be a multiple of tp ({tp})")
+
+
+def rlhf_step_time(algorithm: str, model: PolicyModel, n_prompts: int, group_size: int, prompt_len: int,
+                   response_len: int, n_gpus: int = 8, tp: int = 1, gpu: str = "H100-SXM", mfu: float = 0.4,
+                   reference: bool = True, reward_model: bool = True) -> StepTime:
+    """Lower bounds on the seconds of one step of ``algorithm`` for ``n_prompts`` prompts (module docstring).
+
+    PPO and GRPO generate ``group_size`` responses per prompt (PPO usually 1),
+    score them (reference if ``reference``, reward model of the policy's size if
+    ``reward_model`` (False: a rule-based reward), and for PPO the value model),
+    then train the policy (and PPO's value model). DPO generates nothing: each
+    prompt comes with a chosen and a rejected response of ``response_len``
+    tokens (``group_size`` must be 2), reference log-probabilities precomputed.
+    """
+    _check_algorithm(algorithm)
+    for name, value in (("n_prompts", n_prompts), ("group_size", group_size), ("prompt_len", prompt_len),
+                        ("response_len", response_len)):
+        check_positive_int(name, value)
+    _check_parallel(n_gpus, tp)
+    if algorithm == "dpo" and group_size != 2:
+        raise ValueError(f"DPO compares a chosen and a rejected response: group_size must be 2, got {group_size}")
+    _check_mfu(mfu)
+    n = model.n_params
+    sequences = n_prompts * group_size
+    tokens = float(sequences) * (prompt_len + response_len)
+    cluster_flops = hardware.spec(gpu).flops("bf16") * n_gpus * mfu
+    if algorithm == "dpo":
+        return StepTime(0.0, 0.0, TRAINING_FLOPS_PER_PARAM_PER_TOKEN * n * tokens / cluster_flops)
+    generation = generation_seconds(model, sequences, prompt_len, response_len, n_gpus, tp, gpu, mfu)
+    scorers = int(reference) + int(reward_model) + int(algorithm == "ppo")
+    scoring = scorers * FORWARD_FLOPS_PER_PARAM_PER_TOKEN * n * tokens / cluster_flops
+    trained = 2 if algorithm == "ppo" else 1
+    training = trained * TRAINING_FLOPS_PER_PARAM_PER_TOKEN * n * tokens / cluster_flops
+    return StepTime(generation, scoring, training)
