@@ -5,7 +5,15 @@ Modules:
 - :mod:`utils.rl.mdp`: MRPs and MDPs as arrays, solved in closed form and by
   dynamic programming (policy evaluation, value iteration, policy iteration);
 - :mod:`utils.rl.objectives`: the Bradley-Terry reward-model loss, PPO's
-  clipped surrogate, GRPO's group-relative advantages, DPO, and GAE.
+  clipped surrogate, GRPO's group-relative advantages, DPO, and GAE;
+- :mod:`utils.rl.lora`: LoRA layers (``LoRALinear``, ``apply_lora``,
+  ``count_trainable``) and the parameters and model-state bytes of LoRA vs
+  full fine-tuning;
+- :mod:`utils.rl.rlhf_cost`: the models an RLHF step holds in memory (PPO,
+  GRPO, DPO; ZeRO-sharded) and a cost model of one step (generation at the
+  decode roofline, scoring, 6ND training);
+- :mod:`utils.rl.post_training_plots`: the figures of "From pretraining to SFT
+  to RLHF" and "Post-training at scale".
 
 The names part 4's pages and tests use are re-exported here
 (``utils.rl.policy_evaluation``, ``utils.rl.dpo_loss``, ...).
