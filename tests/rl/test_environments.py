@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from utils.rl.environments import CliffWalking, GridWorld
+from utils.rl.environments import CLIFF_OPTIMAL_RETURN, CliffWalking, GridWorld
+from utils.rl.tabular import greedy_rollout
 from utils.rl.mdp import value_iteration
 
 UP, RIGHT, DOWN, LEFT = range(4)
@@ -30,6 +31,8 @@ def test_cliff_walking_optimal_return_is_minus_13():
     gamma = 0.999
     V, _ = value_iteration(P, R, gamma)
     assert V[env.start] == pytest.approx(-(1 - gamma ** 13) / (1 - gamma), rel=1e-6)
+    q = R + gamma * P @ V
+    assert greedy_rollout(env, q)[1] == CLIFF_OPTIMAL_RETURN.value
 
 
 @pytest.mark.parametrize("env", [CliffWalking(), GridWorld(3, 4, walls=((1, 1),), slip=0.0)])

@@ -23,11 +23,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from utils.published import Published
 from utils.validate import check_positive_int
 
 ACTIONS = ("up", "right", "down", "left")
 """Action indices 0..3; the moves below are (row, column) offsets."""
 MOVES = ((-1, 0), (0, 1), (1, 0), (0, -1))
+
+CLIFF_OPTIMAL_RETURN = Published(
+    -13.0, "reward (undiscounted return of one episode)",
+    "Sutton & Barto, Reinforcement Learning: An Introduction, 2nd ed. (2018), Example 6.6: the optimal path "
+    "along the cliff edge, 13 moves at -1 each")
+"""The cliff's optimal return, as the book states it (the path itself is drawn in its Figure 6.4)."""
 
 
 class GridWorld:
