@@ -20,7 +20,7 @@ def test_q_learning_converges_to_q_star_on_a_tiny_mdp():
 
 
 def test_q_learning_takes_the_cliff_edge_and_sarsa_the_safe_path():
-    """Sutton & Barto, Example 6.6 / Figure 6.4: Q-learning's greedy path is optimal (-13) along the cliff;
+    """Sutton & Barto, Example 6.6: Q-learning's greedy path is optimal (-13) along the cliff;
     SARSA's keeps away from the edge; online, with epsilon = 0.1, SARSA earns more per episode."""
     env = CliffWalking()
     edge_row = {env.index((2, c)) for c in range(1, 11)}

@@ -34,7 +34,7 @@ CLIFF_OPTIMAL_RETURN = Published(
     -13.0, "reward (undiscounted return of one episode)",
     "Sutton & Barto, Reinforcement Learning: An Introduction, 2nd ed. (2018), Example 6.6: the optimal path "
     "along the cliff edge, 13 moves at -1 each")
-"""The cliff's optimal return, as the book states it (the path itself is drawn in its Figure 6.4)."""
+"""The cliff's optimal return, as the book states it (the example draws the path)."""
 
 
 class GridWorld:
