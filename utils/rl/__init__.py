@@ -6,6 +6,10 @@ Modules:
   dynamic programming (policy evaluation, value iteration, policy iteration);
 - :mod:`utils.rl.objectives`: the Bradley-Terry reward-model loss, PPO's
   clipped surrogate, GRPO's group-relative advantages, DPO, and GAE;
+- :mod:`utils.rl.environments`: GridWorld and CliffWalking (Sutton & Barto,
+  Example 6.6) with reset/step and their (P, R) arrays;
+- :mod:`utils.rl.tabular`: Q-learning, SARSA, epsilon-greedy, and REINFORCE
+  (with a baseline) for tabular softmax policies;
 - :mod:`utils.rl.lora`: LoRA layers (``LoRALinear``, ``apply_lora``,
   ``count_trainable``) and the parameters and model-state bytes of LoRA vs
   full fine-tuning;
