@@ -208,13 +208,14 @@ def plot_student_policy(p_quit: float = 0.5, p_study_1: float = 0.5, p_study_2: 
     ax.set_xticks(range(4), [f"{n}\n({lab})" for n, lab in zip(names, labels)], fontsize=8)
     ax.axhline(0, color="k", lw=0.6)
     ax.set_ylabel("value, gamma = 1")
-    ax.legend(fontsize=8)
+    ax.set_ylim(top=12.5)
+    ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
 
 
 def plot_policy_enumeration(values: np.ndarray, greedy_index: int, labels: Sequence[str],
-                            state_names: Sequence[str]) -> Figure:
+                            state_names: Sequence[str], gamma: float) -> Figure:
     """V_pi(s) of every deterministic policy (one grey line each), the greedy-on-q* policy in colour."""
     values = np.asarray(values, dtype=float)
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
@@ -224,7 +225,7 @@ def plot_policy_enumeration(values: np.ndarray, greedy_index: int, labels: Seque
     ax.plot(x, values[greedy_index], color="tab:red", lw=2, marker="o", label=f"greedy on q*: {labels[greedy_index]}")
     ax.set_xticks(x, state_names)
     ax.set_ylabel(r"$V_\pi(s)$")
-    ax.set_title(f"all {len(values)} deterministic policies")
+    ax.set_title(f"all {len(values)} deterministic policies, gamma = {gamma:g}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
