@@ -36,12 +36,10 @@ def _arrow(ax, a, b, label="", color="0.35", rad=0.0, self_loop=False):
                 bbox=dict(boxstyle="round,pad=0.1", fc="white", ec="none"))
 
 
-def plot_student_mrp(gamma: float = 0.9) -> Figure:
-    """Silver's Student MRP as a graph: transition probabilities on the arrows, R and V(s) at each state."""
+def draw_student_mrp(ax, values: np.ndarray, title: str, vmax: float | None = None) -> None:
+    """Draw Silver's Student MRP on ``ax``: transition probabilities on the arrows, R and ``values`` at each state."""
     P, R = student_mrp()
-    V = episodic_value(P, R, [6], gamma)
-    vmax = np.abs(V).max()
-    fig, ax = plt.subplots(figsize=(7.6, 4.6))
+    vmax = float(np.abs(values).max()) if vmax is None else vmax
     names = STUDENT_MRP_STATES
     for i, a in enumerate(names):
         for j, b in enumerate(names):
@@ -51,16 +49,32 @@ def plot_student_mrp(gamma: float = 0.9) -> Figure:
                 _arrow(ax, pa, pb, f"{P[i, j]:.1f}", rad=rad, self_loop=i == j)
     for i, name in enumerate(names):
         x, y = STUDENT_MRP_LAYOUT[name]
-        color = plt.cm.RdYlGn(0.5 + 0.5 * V[i] / vmax)
+        color = plt.cm.RdYlGn(0.5 + 0.5 * np.clip(values[i] / max(vmax, 1e-12), -1, 1))
         ax.add_patch(plt.Circle((x, y), 0.3, color=color, ec="k", zorder=3))
-        ax.text(x, y + 0.05, f"{V[i]:.1f}", ha="center", va="center", fontsize=9, weight="bold", zorder=4)
+        ax.text(x, y + 0.05, f"{values[i]:.1f}", ha="center", va="center", fontsize=9, weight="bold", zorder=4)
         ax.text(x + 0.38, y - 0.3, f"{name}\nR={R[i]:g}", ha="left", va="top", fontsize=8)
     ax.set_xlim(-0.8, 7.6)
     ax.set_ylim(-1.2, 4.4)
     ax.set_aspect("equal")
     ax.axis("off")
-    ax.set_title(f"Student MRP: V(s) in each circle, gamma = {gamma:g}")
+    ax.set_title(title)
+
+
+def plot_student_mrp(gamma: float = 0.9) -> Figure:
+    """Silver's Student MRP as a graph, each state coloured and labelled with its value at ``gamma``."""
+    P, R = student_mrp()
+    fig, ax = plt.subplots(figsize=(7.6, 4.6))
+    draw_student_mrp(ax, episodic_value(P, R, [6], gamma), f"Student MRP: V(s) in each circle, gamma = {gamma:g}")
     return fig
+
+
+def draw_evaluation_step(ax, step: int, gamma: float = 0.9) -> None:
+    """Frame ``step`` of iterative evaluation on the Student MRP: ``V_step`` on the graph (for ``viz.animate``)."""
+    P, R = student_mrp()
+    history = evaluation_history(P, R, gamma, step)
+    error = np.abs(history[-1] - mrp_value(P, R, gamma)).max()
+    draw_student_mrp(ax, history[-1], f"sweep k = {step}: V_k(s), max error {error:.2f}",
+                     vmax=float(np.abs(mrp_value(P, R, gamma)).max()))
 
 
 def plot_estimate_convergence(P: Sequence[Sequence[float]], max_steps: int = 100_000, seed: int = 0) -> Figure:
