@@ -1,9 +1,8 @@
 """David Silver's "Student" Markov reward process and Markov decision process, with the values his slides print.
 
 Source: David Silver, *UCL Course on Reinforcement Learning*, lecture 2,
-"Markov Decision Processes" (2015), slides "Example: Student Markov Chain",
-"Student MRP", "State-Value Function for Student MRP" and "Example: Student MDP",
-https://www.davidsilver.uk/wp-content/uploads/2020/03/MDP.pdf . The rewards
+"Markov Decision Processes", the slides of the Student Markov chain, MRP
+and MDP, https://www.davidsilver.uk/wp-content/uploads/2020/03/MDP.pdf . The rewards
 are received on *leaving* a state (``R_s = E[R_{t+1} | S_t = s]``), the same
 convention as :func:`utils.rl.mdp.mrp_value`.
 
