@@ -6,6 +6,11 @@ Modules:
   dynamic programming (policy evaluation, value iteration, policy iteration);
 - :mod:`utils.rl.objectives`: the Bradley-Terry reward-model loss, PPO's
   clipped surrogate, GRPO's group-relative advantages, DPO, and GAE;
+- :mod:`utils.rl.markov`: Markov chains and MRPs from data: the maximum-likelihood
+  transition matrix, sampled returns (Monte Carlo), the iterates of Bellman
+  evaluation, and values of episodic chains with gamma = 1;
+- :mod:`utils.rl.student`: David Silver's Student MRP and MDP, with his slides' values;
+- :mod:`utils.rl.bellman_plots`: the figures of chapters 02 and 03 of part 4;
 - :mod:`utils.rl.environments`: GridWorld and CliffWalking (Sutton & Barto,
   Example 6.6) with reset/step and their (P, R) arrays;
 - :mod:`utils.rl.tabular`: Q-learning, SARSA, epsilon-greedy, and REINFORCE
