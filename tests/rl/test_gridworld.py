@@ -7,7 +7,7 @@ from utils.rl.gridworld import (GridWorld, gridworld_mdp, iterative_policy_evalu
 from utils.rl.gridworld_plots import greedy_actions
 
 # Sutton & Barto (2018), Figure 4.1, k = infinity: v_pi of the equiprobable random policy, Example 4.1.
-EXAMPLE_4_1 = np.array([[0, -14, -20, -22], [-14, -18, -20, -20], [-20, -20, -18, -14], [-22, -20, -14, 0]])
+EXAMPLE_4_1_TABLE = np.array([[0, -14, -20, -22], [-14, -18, -20, -20], [-20, -20, -18, -14], [-22, -20, -14, 0]])
 EXAMPLE_4_1_WORLD = GridWorld(4, 4, terminals=((0, 0), (3, 3)), step_reward=-1.0)
 MAZE = GridWorld(4, 5, terminals=((0, 4), (1, 4)), walls=((1, 1), (2, 3)), bonus={(0, 4): 1.0, (1, 4): -1.0},
                  step_reward=-0.04, slip=0.2)
@@ -17,7 +17,7 @@ MAZE = GridWorld(4, 5, terminals=((0, 4), (1, 4)), walls=((1, 1), (2, 3)), bonus
 def test_example_4_1_values_of_the_random_policy(in_place):
     P, R = gridworld_mdp(EXAMPLE_4_1_WORLD)
     V, history = iterative_policy_evaluation(P, R, np.full((16, 4), 0.25), 1.0, tol=1e-10, in_place=in_place)
-    np.testing.assert_allclose(EXAMPLE_4_1_WORLD.to_grid(V), EXAMPLE_4_1, atol=1e-7)
+    np.testing.assert_allclose(EXAMPLE_4_1_WORLD.to_grid(V), EXAMPLE_4_1_TABLE, atol=1e-7)
     if not in_place:  # Figure 4.1, k = 1: -1 everywhere but the terminal corners
         np.testing.assert_array_equal(history[1], np.where(np.isin(np.arange(16), (0, 15)), 0.0, -1.0))
 
@@ -106,3 +106,9 @@ def test_an_improper_policy_with_gamma_one_raises():
     always_left = np.eye(4)[[3, 3, 3]]
     with pytest.raises(RuntimeError, match="terminal"):
         iterative_policy_evaluation(P, R, always_left, 1.0, max_sweeps=500)
+
+
+def test_the_module_table_is_the_published_one_and_example_4_1_matches_it():
+    from utils.rl.gridworld import EXAMPLE_4_1_VALUES, example_4_1
+    np.testing.assert_array_equal(EXAMPLE_4_1_VALUES, EXAMPLE_4_1_TABLE)
+    assert example_4_1() == EXAMPLE_4_1_WORLD

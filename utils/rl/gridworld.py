@@ -36,6 +36,13 @@ ACTIONS = ((-1, 0), (0, 1), (1, 0), (0, -1))
 """(row, column) moves of actions 0..3: up, right, down, left."""
 ACTION_NAMES = ("up", "right", "down", "left")
 
+EXAMPLE_4_1_SOURCE = ("Sutton & Barto 2018, Reinforcement Learning: An Introduction, 2nd ed., "
+                      "Example 4.1 and Figure 4.1 (k = infinity)")
+EXAMPLE_4_1_VALUES = np.array([[0, -14, -20, -22], [-14, -18, -20, -20], [-20, -20, -18, -14], [-22, -20, -14, 0]],
+                              dtype=float)
+"""v_pi of the equiprobable random policy on Example 4.1's 4x4 grid (gamma = 1), as printed in
+:data:`EXAMPLE_4_1_SOURCE`: minus the expected number of steps to a terminal corner."""
+
 
 @dataclass(frozen=True)
 class GridWorld:
@@ -91,6 +98,11 @@ class GridWorld:
         for (r, c), v in zip(self.states, values):
             grid[r, c] = v
         return grid
+
+
+def example_4_1() -> GridWorld:
+    """Sutton & Barto's Example 4.1: 4x4, terminal corners (0, 0) and (3, 3), reward -1 per move, no slip."""
+    return GridWorld(4, 4, terminals=((0, 0), (3, 3)), step_reward=-1.0)
 
 
 def _move(world: GridWorld, cell: tuple[int, int], action: int, walls: set) -> tuple[int, int]:
