@@ -36,7 +36,9 @@ def draw_gridworld(ax: Any, world: GridWorld, V: Any, q: Any = None, title: str 
         if (r, c) in terminals:
             ax.add_patch(plt.Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, hatch="//", edgecolor="gray", lw=0))
         if numbers:
-            ax.text(c, r + (0.28 if arrows else 0.0), fmt.format(grid[r, c]), ha="center", va="center", fontsize=7)
+            label = fmt.format(grid[r, c])
+            label = label[1:] if label.startswith("-") and float(label) == 0 else label  # no "-0.0"
+            ax.text(c, r + (0.28 if arrows else 0.0), label, ha="center", va="center", fontsize=7)
         if arrows and (r, c) not in terminals:
             for a in arrows[s]:
                 dr, dc = ACTIONS[a]
