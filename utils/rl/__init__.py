@@ -11,6 +11,10 @@ Modules:
   evaluation, and values of episodic chains with gamma = 1;
 - :mod:`utils.rl.student`: David Silver's Student MRP and MDP, with his slides' values;
 - :mod:`utils.rl.bellman_plots`: the figures of chapters 02 and 03 of part 4;
+- :mod:`utils.rl.gridworld`: GridWorlds as (P, R) arrays with absorbing
+  terminal states and slip; iterative policy evaluation (also gamma = 1 on
+  episodic tasks), value and policy iteration that keep their histories; its
+  figures in :mod:`utils.rl.gridworld_plots`;
 - :mod:`utils.rl.environments`: GridWorld and CliffWalking (Sutton & Barto,
   Example 6.6) with reset/step and their (P, R) arrays;
 - :mod:`utils.rl.tabular`: Q-learning, SARSA, epsilon-greedy, and REINFORCE
