@@ -27,22 +27,20 @@ which runs tiny shapes through Triton's interpreter as a smoke test.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import utils  # noqa: F401  (first: switches Triton to its interpreter when there is no GPU)
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from benchmarks.gpu_architecture import Result, _rate_and_fraction, format_table, header
+from benchmarks.common import Result, rate_and_fraction, run
 from utils import device
 from utils.attention.flash_reference import attention_reference
 from utils.attention.llama import apply_rope, rms_norm as rms_norm_reference, rope_angles
 from utils.bench import time_seconds
-from utils.gpu.hardware import GpuSpec, spec_for_device
+from utils.gpu.hardware import GpuSpec
 from utils.kernels.flash_attention import flash_attention
 from utils.kernels.llama_ops import rms_norm, rope
 
@@ -94,17 +92,17 @@ def bench_flash(sizes: Sizes, seq_len: int, gpu: GpuSpec | None, on_gpu: bool) -
     flops = 4 * b * h * n * n * d
     peak = gpu.flops("fp16") if gpu else None
     shape = f"b{b} h{h} n{n} d{d} {str(dtype).split('.')[-1]}"
-    ours, fraction = _rate_and_fraction(_time(lambda: flash_attention(q, k, v), sizes), flops, "TFLOP/s", peak)
+    ours, fraction = rate_and_fraction(_time(lambda: flash_attention(q, k, v), sizes), flops, "TFLOP/s", peak)
     rates, unavailable = {}, []
     for backend in SDPA_BACKENDS:
         seconds = _sdpa_seconds(q, k, v, backend, sizes)
         if seconds is None:
             unavailable.append(backend)
         else:
-            rates[f"SDPA {backend}"] = _rate_and_fraction(seconds, flops, "TFLOP/s", peak)
+            rates[f"SDPA {backend}"] = rate_and_fraction(seconds, flops, "TFLOP/s", peak)
     if unavailable:
         print(f"n={n}: SDPA backends that cannot run these inputs here: {', '.join(unavailable)}")
-    rates["naive (S and P in HBM)"] = _rate_and_fraction(
+    rates["naive (S and P in HBM)"] = rate_and_fraction(
         _time(lambda: attention_reference(q, k, v), sizes), flops, "TFLOP/s", peak)
     flash_backend = rates.get("SDPA FLASH_ATTENTION", (float("nan"), None))[0]
     fastest = max((value for name, (value, _) in rates.items() if name.startswith("SDPA")), default=float("nan"))
@@ -129,8 +127,8 @@ def bench_rms_norm(sizes: Sizes, gpu: GpuSpec | None, on_gpu: bool) -> Result:
     torch.testing.assert_close(rms_norm(x, w), rms_norm_reference(x, w), rtol=2e-3, atol=2e-3)
     nbytes = 2 * x.numel() * x.element_size()
     peak = gpu.hbm_bandwidth if gpu else None
-    value, fraction = _rate_and_fraction(_time(lambda: rms_norm(x, w), sizes), nbytes, "GB/s", peak)
-    baseline, _ = _rate_and_fraction(_time(lambda: F.rms_norm(x, (sizes.norm_cols,), w, eps=1e-6), sizes),
+    value, fraction = rate_and_fraction(_time(lambda: rms_norm(x, w), sizes), nbytes, "GB/s", peak)
+    baseline, _ = rate_and_fraction(_time(lambda: F.rms_norm(x, (sizes.norm_cols,), w, eps=1e-6), sizes),
                                      nbytes, "GB/s", peak)
     return _bandwidth_result("rms_norm fwd", f"{sizes.norm_rows}x{sizes.norm_cols} {str(dtype).split('.')[-1]}",
                              value, "F.rms_norm", baseline, fraction, on_gpu)
@@ -144,8 +142,8 @@ def bench_rope(sizes: Sizes, gpu: GpuSpec | None, on_gpu: bool) -> Result:
     torch.testing.assert_close(rope(x, cos, sin), apply_rope(x, cos, sin), rtol=2e-3, atol=2e-3)
     nbytes = 2 * x.numel() * x.element_size()
     peak = gpu.hbm_bandwidth if gpu else None
-    value, fraction = _rate_and_fraction(_time(lambda: rope(x, cos, sin), sizes), nbytes, "GB/s", peak)
-    baseline, _ = _rate_and_fraction(_time(lambda: apply_rope(x, cos, sin), sizes), nbytes, "GB/s", peak)
+    value, fraction = rate_and_fraction(_time(lambda: rope(x, cos, sin), sizes), nbytes, "GB/s", peak)
+    baseline, _ = rate_and_fraction(_time(lambda: apply_rope(x, cos, sin), sizes), nbytes, "GB/s", peak)
     return _bandwidth_result("rope", "x".join(map(str, sizes.rope_shape)) + f" {str(dtype).split('.')[-1]}",
                              value, "apply_rope (torch)", baseline, fraction, on_gpu)
 
@@ -157,41 +155,16 @@ def _bandwidth_result(kernel, shape, value, baseline_name, baseline, fraction, o
     return Result(kernel, shape, "GB/s", value, baseline_name, baseline, fraction, target, verdict)
 
 
+def cases(on_gpu: bool, quick: bool, gpu: GpuSpec | None) -> list[Result]:
+    """FlashAttention at each sequence length (with every SDPA backend and naive attention), then RMSNorm and RoPE."""
+    sizes = (QUICK if quick else FULL) if on_gpu else CPU_SMOKE
+    results = [row for n in sizes.seq_lens for row in bench_flash(sizes, n, gpu, on_gpu)]
+    return results + [bench_rms_norm(sizes, gpu, on_gpu), bench_rope(sizes, gpu, on_gpu)]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; return the exit code (0 done, 1 a target missed with --strict, 2 no GPU)."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.attention", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smaller sizes")
-    parser.add_argument("--json", metavar="PATH", help="also write the header and results to PATH as JSON")
-    parser.add_argument("--allow-cpu", action="store_true", help="with no GPU, run tiny shapes in Triton's "
-                        "interpreter as a smoke test (timings say nothing about GPU speed)")
-    parser.add_argument("--strict", action="store_true", help="exit with code 1 if any target is missed")
-    args = parser.parse_args(argv)
-
-    on_gpu = device.HAS_CUDA and not device.INTERPRETER
-    if not on_gpu and not args.allow_cpu:
-        print("benchmarks.attention needs a CUDA GPU (none found, or TRITON_INTERPRET=1 is set). "
-              "Pass --allow-cpu to run tiny shapes in Triton's interpreter as a smoke test.", file=sys.stderr)
-        return 2
-    sizes = (QUICK if args.quick else FULL) if on_gpu else CPU_SMOKE
-    gpu = spec_for_device(device.gpu_name()) if on_gpu else None
-    info = header(gpu)
-    for key, value in info.items():
-        print(f"{key:>9}: {value}")
-    if not on_gpu:
-        print("NOTE: CPU smoke test through Triton's interpreter (fp32); the rates say nothing about GPU speed.")
-    print(flush=True)
-
-    device.manual_seed(0)
-    results = [row for n in sizes.seq_lens for row in bench_flash(sizes, n, gpu, on_gpu)]
-    results += [bench_rms_norm(sizes, gpu, on_gpu), bench_rope(sizes, gpu, on_gpu)]
-    print(format_table(results))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"header": info, "quick": args.quick, "on_gpu": on_gpu,
-                       "results": [asdict(r) | {"ratio": r.ratio} for r in results]}, f, indent=2)
-        print(f"\nwrote {args.json}")
-    missed = [r for r in results if r.verdict == "MISS"]
-    return 1 if args.strict and missed else 0
+    return run("benchmarks.attention", __doc__.split("\n")[0], cases, argv)
 
 
 if __name__ == "__main__":

@@ -29,46 +29,22 @@ Triton's interpreter as a smoke test: its timings say nothing about GPU speed.
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
-import platform
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable
 
 import utils  # noqa: F401  (first: switches Triton to its interpreter when there is no GPU)
 import torch
-import triton
 
+from benchmarks.common import Result, rate_and_fraction, run
 from utils import device
-from utils.bench import gb_per_s, matmul_flops, tflop_per_s, time_seconds
-from utils.gpu.hardware import GpuSpec, spec_for_device
+from utils.bench import matmul_flops, time_seconds
+from utils.gpu.hardware import GpuSpec
 
 TARGET_ADD_BANDWIDTH_FRACTION = 0.85
 TARGET_SOFTMAX_BANDWIDTH_FRACTION = 0.75
 TARGET_SOFTMAX_MIN_N_COLS = 2048
 TARGET_MATMUL_VS_CUBLAS = 0.80
-
-
-@dataclass
-class Result:
-    """One row of the table. ``value`` and ``baseline_value`` are in ``unit``; fractions are of the chip's peak."""
-
-    kernel: str
-    shape: str
-    unit: str
-    value: float
-    baseline: str
-    baseline_value: float
-    peak_fraction: float | None
-    target: str
-    verdict: str  # PASS, MISS or n/a
-
-    @property
-    def ratio(self) -> float:
-        """The kernel's rate over the baseline's (> 1: the kernel is faster)."""
-        return self.value / self.baseline_value
 
 
 @dataclass(frozen=True)
@@ -85,15 +61,6 @@ QUICK = Sizes(2**24, 1024, (1024, 2048, 4096, 8192), 2048, repeats=10)
 CPU_SMOKE = Sizes(2**12, 4, (64, 256), 64, repeats=1)
 
 
-def _rate_and_fraction(seconds: float, amount: float, unit: str, peak: float | None) -> tuple[float, float | None]:
-    if unit == "GB/s":
-        value = gb_per_s(amount, seconds)
-    else:
-        value = tflop_per_s(amount, seconds)
-    scale = 1e9 if unit == "GB/s" else 1e12
-    return value, (value * scale / peak if peak else None)
-
-
 def _time(fn: Callable[[], object], sizes: Sizes) -> float:
     return time_seconds(fn, warmup=1 if sizes.repeats == 1 else 3, repeats=sizes.repeats)
 
@@ -108,8 +75,8 @@ def bench_vector_add(sizes: Sizes, gpu: GpuSpec | None, on_gpu: bool) -> Result:
     torch.testing.assert_close(add(x, y), x + y)
     nbytes = 3 * n * x.element_size()
     peak = gpu.hbm_bandwidth if gpu else None
-    value, fraction = _rate_and_fraction(_time(lambda: add(x, y), sizes), nbytes, "GB/s", peak)
-    baseline, _ = _rate_and_fraction(_time(lambda: torch.add(x, y), sizes), nbytes, "GB/s", peak)
+    value, fraction = rate_and_fraction(_time(lambda: add(x, y), sizes), nbytes, "GB/s", peak)
+    baseline, _ = rate_and_fraction(_time(lambda: torch.add(x, y), sizes), nbytes, "GB/s", peak)
     target = f">= {TARGET_ADD_BANDWIDTH_FRACTION:.0%} of peak HBM"
     verdict = "n/a" if fraction is None or not on_gpu else \
         ("PASS" if fraction >= TARGET_ADD_BANDWIDTH_FRACTION else "MISS")
@@ -126,8 +93,8 @@ def bench_softmax(sizes: Sizes, n_cols: int, gpu: GpuSpec | None, on_gpu: bool) 
     torch.testing.assert_close(softmax(x), torch.softmax(x, dim=-1))
     nbytes = 2 * rows * n_cols * x.element_size()
     peak = gpu.hbm_bandwidth if gpu else None
-    value, fraction = _rate_and_fraction(_time(lambda: softmax(x), sizes), nbytes, "GB/s", peak)
-    baseline, _ = _rate_and_fraction(_time(lambda: torch.softmax(x, dim=-1), sizes), nbytes, "GB/s", peak)
+    value, fraction = rate_and_fraction(_time(lambda: softmax(x), sizes), nbytes, "GB/s", peak)
+    baseline, _ = rate_and_fraction(_time(lambda: torch.softmax(x, dim=-1), sizes), nbytes, "GB/s", peak)
     if n_cols < TARGET_SOFTMAX_MIN_N_COLS:
         target, verdict = "none (reported only)", "n/a"
     else:
@@ -148,88 +115,25 @@ def bench_matmul(sizes: Sizes, gpu: GpuSpec | None, on_gpu: bool) -> Result:
     torch.testing.assert_close(matmul(a, b).float(), (a.float() @ b.float()), atol=1e-1, rtol=1e-2)
     flops = matmul_flops(n, n, n)
     peak = gpu.flops("fp16") if gpu else None
-    value, fraction = _rate_and_fraction(_time(lambda: matmul(a, b), sizes), flops, "TFLOP/s", peak)
-    baseline, _ = _rate_and_fraction(_time(lambda: torch.matmul(a, b), sizes), flops, "TFLOP/s", peak)
+    value, fraction = rate_and_fraction(_time(lambda: matmul(a, b), sizes), flops, "TFLOP/s", peak)
+    baseline, _ = rate_and_fraction(_time(lambda: torch.matmul(a, b), sizes), flops, "TFLOP/s", peak)
     verdict = "n/a" if not on_gpu else ("PASS" if value >= TARGET_MATMUL_VS_CUBLAS * baseline else "MISS")
     return Result("tiled matmul", f"{n}^3 fp16", "TFLOP/s", value, "torch.matmul", baseline, fraction,
                   f">= {TARGET_MATMUL_VS_CUBLAS:.0%} of torch.matmul", verdict)
 
 
-def header(gpu: GpuSpec | None) -> dict[str, str]:
-    """What the numbers were measured on: GPU (or CPU), date, versions, and the peak figures used."""
-    info = {
-        "device": device.gpu_name() or f"CPU ({platform.machine()}), Triton interpreter",
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cuda": str(torch.version.cuda),
-        "python": platform.python_version(),
-    }
-    if gpu:
-        info["peaks"] = (f"{gpu.name}: HBM {gpu.hbm_bandwidth / 1e12:.2f} TB/s, "
-                         f"fp16 {gpu.flops('fp16') / 1e12:.1f} TFLOP/s dense ({gpu.sources[0]})")
-    else:
-        info["peaks"] = "unknown chip: fractions of peak print as n/a"
-    return info
-
-
-def _num(value: float) -> str:
-    """A rate with sensible digits: ``3,012`` or ``41.7`` or ``0.00986`` (interpreter rates are tiny)."""
-    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}" if value >= 1 else f"{value:.3g}"
-
-
-def format_table(results: list[Result]) -> str:
-    """The results as a fixed-width text table."""
-    cols = ("kernel", "shape", "rate", "of peak", "baseline", "ratio", "target", "verdict")
-    rows = [(r.kernel, r.shape, f"{_num(r.value)} {r.unit}",
-             "n/a" if r.peak_fraction is None else f"{r.peak_fraction:.1%}",
-             f"{r.baseline} {_num(r.baseline_value)}", f"{r.ratio:.3g}x", r.target, r.verdict) for r in results]
-    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in rows]
-    return "\n".join(lines)
+def cases(on_gpu: bool, quick: bool, gpu: GpuSpec | None) -> list[Result]:
+    """Vector add, the fused softmax at each width, and the tiled matmul, in that order."""
+    sizes = (QUICK if quick else FULL) if on_gpu else CPU_SMOKE
+    results = [bench_vector_add(sizes, gpu, on_gpu)]
+    results += [bench_softmax(sizes, n_cols, gpu, on_gpu) for n_cols in sizes.softmax_cols]
+    results.append(bench_matmul(sizes, gpu, on_gpu))
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; return the exit code (0 done, 1 a target missed with --strict, 2 no GPU)."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_architecture", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smaller sizes (vector add 2^24, softmax 1024 rows, "
-                        "matmul 2048^3)")
-    parser.add_argument("--json", metavar="PATH", help="also write the header and results to PATH as JSON")
-    parser.add_argument("--allow-cpu", action="store_true", help="with no GPU, run tiny shapes in Triton's "
-                        "interpreter as a smoke test (timings say nothing about GPU speed)")
-    parser.add_argument("--strict", action="store_true", help="exit with code 1 if any target is missed")
-    args = parser.parse_args(argv)
-
-    on_gpu = device.HAS_CUDA and not device.INTERPRETER
-    if not on_gpu and not args.allow_cpu:
-        print("benchmarks.gpu_architecture needs a CUDA GPU (none found, or TRITON_INTERPRET=1 is set). "
-              "Pass --allow-cpu to run tiny shapes in Triton's interpreter as a smoke test.", file=sys.stderr)
-        return 2
-    sizes = (QUICK if args.quick else FULL) if on_gpu else CPU_SMOKE
-    gpu = spec_for_device(device.gpu_name()) if on_gpu else None
-
-    info = header(gpu)
-    for key, value in info.items():
-        print(f"{key:>9}: {value}")
-    if not on_gpu:
-        print("NOTE: CPU smoke test through Triton's interpreter; the rates below say nothing about GPU speed.")
-    print(flush=True)
-
-    device.manual_seed(0)
-    results = [bench_vector_add(sizes, gpu, on_gpu)]
-    results += [bench_softmax(sizes, n_cols, gpu, on_gpu) for n_cols in sizes.softmax_cols]
-    results.append(bench_matmul(sizes, gpu, on_gpu))
-    print(format_table(results))
-
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"header": info, "quick": args.quick, "on_gpu": on_gpu,
-                       "results": [asdict(r) | {"ratio": r.ratio} for r in results]}, f, indent=2)
-        print(f"\nwrote {args.json}")
-    missed = [r for r in results if r.verdict == "MISS"]
-    return 1 if args.strict and missed else 0
+    return run("benchmarks.gpu_architecture", __doc__.split("\n")[0], cases, argv)
 
 
 if __name__ == "__main__":
