@@ -202,3 +202,20 @@ def answer_distribution(model: nn.Module, problem: tuple[int, int], samples: int
         text = decode(row[PROMPT_LEN:])
         counts[text] = counts.get(text, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def plot_answer_distributions(distributions: dict[str, dict[str, int]], correct: str, title: str = "") -> Figure:
+    """Grouped bars: for each model (key), the share of samples giving each response; the correct one in green."""
+    answers = sorted({a for d in distributions.values() for a in d}, key=lambda a: (a != correct, a))[:10]
+    fig, ax = plt.subplots(figsize=(7, 2.8))
+    width = 0.8 / len(distributions)
+    for i, (name, counts) in enumerate(distributions.items()):
+        total = sum(counts.values())
+        ax.bar([j + i * width for j in range(len(answers))], [counts.get(a, 0) / total for a in answers],
+               width=width, label=name)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(answers))], [repr(a) for a in answers])
+    ax.get_xticklabels()[0].set_color("tab:green")
+    ax.set(ylabel="share of samples", title=title, ylim=(0, 1))
+    ax.legend()
+    fig.tight_layout()
+    return fig
