@@ -206,7 +206,9 @@ def answer_distribution(model: nn.Module, problem: tuple[int, int], samples: int
 
 def plot_answer_distributions(distributions: dict[str, dict[str, int]], correct: str, title: str = "") -> Figure:
     """Grouped bars: for each model (key), the share of samples giving each response; the correct one in green."""
-    answers = sorted({a for d in distributions.values() for a in d}, key=lambda a: (a != correct, a))[:10]
+    share = {a: sum(d.get(a, 0) / sum(d.values()) for d in distributions.values())
+             for d in distributions.values() for a in d}
+    answers = sorted(share, key=lambda a: (a != correct, -share[a], a))[:8]
     fig, ax = plt.subplots(figsize=(7, 2.8))
     width = 0.8 / len(distributions)
     for i, (name, counts) in enumerate(distributions.items()):
