@@ -1,0 +1,223 @@
+"""Post-training loops for the tiny arithmetic model: a verifiable reward, KL to a reference, GRPO and DPO.
+
+- :func:`arithmetic_reward`: 1 if the response is the right sum followed by the
+  end mark, else 0 (a *verifiable* reward, as DeepSeek-R1's accuracy reward,
+  arXiv:2501.12948, section 2.2.2);
+- :func:`kl_to_reference`: ``KL(pi || pi_ref)`` of whole responses, summed
+  over response positions of the exact per-token KL of the two next-token
+  distributions, averaged over responses sampled from ``pi``;
+- :func:`grpo_loss` / :func:`train_grpo`: GRPO (Shao et al. 2024, arXiv:2402.03300,
+  eq. 3): group z-scored rewards as advantages, PPO's clipped ratio per token,
+  and ``beta`` times the k3 estimator ``r - log r - 1`` with
+  ``r = pi_ref / pi`` (their eq. 4; Schulman 2020, "Approximating KL divergence");
+- :func:`preference_pairs` / :func:`train_dpo`: DPO (Rafailov et al. 2023,
+  arXiv:2305.18290, eq. 7) on (correct, wrong) pairs sampled from the reference.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.figure import Figure
+from torch import nn
+from tqdm import tqdm
+
+from utils.rl.objectives import dpo_loss, grpo_advantages, ppo_clip_loss
+from utils.rl.tiny_lm import PROMPT_LEN, decode, prompt_tokens, response_mask, sample, sequence_logprob, \
+    token_logprobs
+from utils.validate import check_nonnegative, check_positive, check_positive_int
+
+
+def arithmetic_reward(sequences: torch.Tensor) -> torch.Tensor:
+    """``(batch,)`` floats: 1.0 where the response after ``"a+b="`` is exactly ``f"{a + b}."``, else 0.0."""
+    rewards = []
+    for row in sequences.tolist():
+        a, b = row[0], row[2]  # digit tokens are their own values
+        rewards.append(float(decode(row[PROMPT_LEN:]) == f"{a + b}."))
+    return torch.tensor(rewards)
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A deep copy with gradients off, in eval mode: the reference policy ``pi_ref``."""
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def kl_to_reference(policy: nn.Module, ref: nn.Module, sequences: torch.Tensor) -> torch.Tensor:
+    """``(batch,)``: ``sum_t KL(pi(.|x, y_<t) || pi_ref(.|x, y_<t))`` over each response's real tokens.
+
+    Averaged over ``y ~ pi`` this is the sequence-level ``KL(pi || pi_ref)``
+    (the chain rule of KL), with less variance than ``log pi(y) - log pi_ref(y)``.
+    """
+    logp = torch.log_softmax(policy(sequences[:, :-1])[:, PROMPT_LEN - 1:].float(), -1)
+    logq = torch.log_softmax(ref(sequences[:, :-1])[:, PROMPT_LEN - 1:].float(), -1)
+    per_token = (logp.exp() * (logp - logq)).sum(-1)
+    return torch.where(response_mask(sequences), per_token, 0.0).sum(-1)
+
+
+@torch.no_grad()
+def evaluate(policy: nn.Module, ref: nn.Module, problems: list[tuple[int, int]], samples_per_problem: int = 8,
+             seed: int = 0) -> tuple[float, float]:
+    """``(mean reward, mean KL to ref)`` of responses sampled at temperature 1 for each problem."""
+    check_positive_int("samples_per_problem", samples_per_problem)
+    g = torch.Generator().manual_seed(seed)
+    seq, _ = sample(policy, prompt_tokens(problems).repeat_interleave(samples_per_problem, 0), generator=g)
+    return arithmetic_reward(seq).mean().item(), kl_to_reference(policy, ref, seq).mean().item()
+
+
+def grpo_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor, advantages: torch.Tensor,
+              mask: torch.Tensor, clip: float = 0.2, beta: float = 0.04) -> torch.Tensor:
+    """GRPO's loss on ``(batch, T)`` token log-probs: clipped surrogate plus ``beta`` k3-KL, mean over real tokens.
+
+    ``advantages`` is ``(batch,)``, one per response, shared by its tokens.
+    The mean runs over all real tokens of the batch (a token-level mean, as
+    DAPO, arXiv:2503.14476, section 3.3, rather than the paper's per-response mean).
+    """
+    check_nonnegative("beta", beta)
+    mask = mask.bool()
+    adv = advantages[:, None].expand_as(logp_new)
+    policy_term = ppo_clip_loss(logp_new[mask], logp_old[mask], adv[mask], clip=clip)
+    log_r = (logp_ref - logp_new)[mask]
+    return policy_term + beta * (torch.exp(log_r) - log_r - 1).mean()
+
+
+def train_grpo(policy: nn.Module, ref: nn.Module, problems: list[tuple[int, int]], steps: int,
+               prompts_per_step: int = 16, group_size: int = 8, lr: float = 1e-3, beta: float = 0.04,
+               clip: float = 0.2, inner_epochs: int = 2, seed: int = 0) -> dict[str, list[float]]:
+    """GRPO: per step, sample ``group_size`` responses to each of ``prompts_per_step`` problems, then
+    take ``inner_epochs`` gradient steps on :func:`grpo_loss`. Returns per-step ``reward`` and ``kl``
+    (of the step's samples, before the update)."""
+    for name, value in (("steps", steps), ("prompts_per_step", prompts_per_step), ("group_size", group_size),
+                        ("inner_epochs", inner_epochs)):
+        check_positive_int(name, value)
+    check_positive("lr", lr)
+    opt = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    history: dict[str, list[float]] = {"reward": [], "kl": []}
+    for _ in tqdm(range(steps), desc="GRPO", mininterval=5):
+        picks = torch.randint(len(problems), (prompts_per_step,), generator=g).tolist()
+        prompts = prompt_tokens([problems[i] for i in picks]).repeat_interleave(group_size, 0)
+        seq, logp_old = sample(policy, prompts, generator=g)
+        rewards = arithmetic_reward(seq)
+        advantages = grpo_advantages(rewards, group_size)
+        mask = response_mask(seq)
+        with torch.no_grad():
+            logp_ref = token_logprobs(ref, seq)
+            history["kl"].append(kl_to_reference(policy, ref, seq).mean().item())
+        history["reward"].append(rewards.mean().item())
+        for _ in range(inner_epochs):
+            loss = grpo_loss(token_logprobs(policy, seq), logp_old, logp_ref, advantages, mask, clip, beta)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return history
+
+
+@torch.no_grad()
+def preference_pairs(model: nn.Module, problems: list[tuple[int, int]], samples_per_problem: int = 8,
+                     seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(chosen, rejected)`` sequences sampled from ``model``: for each problem whose samples hold both
+    correct and wrong responses (rewards from :func:`arithmetic_reward`), every distinct wrong response is
+    rejected once, against a correct sample."""
+    check_positive_int("samples_per_problem", samples_per_problem)
+    g = torch.Generator().manual_seed(seed)
+    seq, _ = sample(model, prompt_tokens(problems).repeat_interleave(samples_per_problem, 0), generator=g)
+    rewards = arithmetic_reward(seq).view(len(problems), samples_per_problem)
+    seq = seq.view(len(problems), samples_per_problem, -1)
+    chosen, rejected = [], []
+    for i in range(len(problems)):
+        good = (rewards[i] == 1).nonzero().flatten().tolist()
+        seen = set()
+        for j in (rewards[i] == 0).nonzero().flatten().tolist():
+            if good and tuple(seq[i, j].tolist()) not in seen:
+                seen.add(tuple(seq[i, j].tolist()))
+                chosen.append(seq[i, good[len(seen) % len(good)]])
+                rejected.append(seq[i, j])
+    if not chosen:
+        raise ValueError("no problem had both a correct and a wrong sample; sample more per problem")
+    return torch.stack(chosen), torch.stack(rejected)
+
+
+def train_dpo(policy: nn.Module, ref: nn.Module, chosen: torch.Tensor, rejected: torch.Tensor, steps: int,
+              beta: float = 0.1, lr: float = 1e-3, batch_size: int = 32, seed: int = 0,
+              eval_problems: list[tuple[int, int]] | None = None, eval_every: int = 10) -> dict[str, list[float]]:
+    """DPO on preference pairs. Returns per-step ``loss`` and ``margin`` (the implicit reward margin
+    ``beta [(log pi - log pi_ref)(y_w) - (log pi - log pi_ref)(y_l)]``, batch mean) and, every
+    ``eval_every`` steps on ``eval_problems``, ``eval_step``, ``reward`` and ``kl`` (:func:`evaluate`)."""
+    check_positive_int("steps", steps)
+    check_positive_int("batch_size", batch_size)
+    check_positive("lr", lr)
+    if chosen.shape != rejected.shape:
+        raise ValueError(f"chosen and rejected must have the same shape, got {tuple(chosen.shape)} "
+                         f"and {tuple(rejected.shape)}")
+    opt = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        ref_c, ref_r = sequence_logprob(ref, chosen), sequence_logprob(ref, rejected)
+    history: dict[str, list[float]] = {"loss": [], "margin": [], "eval_step": [], "reward": [], "kl": []}
+    for step in tqdm(range(steps + 1), desc="DPO", mininterval=5):
+        if eval_problems is not None and step % eval_every == 0:
+            reward, kl = evaluate(policy, ref, eval_problems, seed=seed + 1)
+            history["eval_step"].append(step)
+            history["reward"].append(reward)
+            history["kl"].append(kl)
+        if step == steps:
+            break
+        idx = torch.randint(len(chosen), (batch_size,), generator=g)
+        pc, pr = sequence_logprob(policy, chosen[idx]), sequence_logprob(policy, rejected[idx])
+        loss = dpo_loss(pc, pr, ref_c[idx], ref_r[idx], beta=beta)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        history["loss"].append(loss.item())
+        history["margin"].append(beta * ((pc - ref_c[idx]) - (pr - ref_r[idx])).mean().item())
+    return history
+
+
+def plot_reward_and_kl(steps, reward, kl, title: str = "", ref_reward: float | None = None) -> Figure:
+    """Two panels: the mean reward and ``KL(pi || pi_ref)`` against the training step."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 3))
+    ax1.plot(steps, reward, color="tab:green")
+    if ref_reward is not None:
+        ax1.axhline(ref_reward, color="gray", ls=":", label="reference policy")
+        ax1.legend(loc="lower right")
+    ax1.set(xlabel="step", ylabel="mean reward (accuracy)", ylim=(0, 1.02))
+    ax2.plot(steps, kl, color="tab:purple")
+    ax2.set(xlabel="step", ylabel=r"KL($\pi$ || $\pi_{ref}$), nats")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def answer_distribution(model: nn.Module, problem: tuple[int, int], samples: int = 200, seed: int = 0) -> dict:
+    """``{response: count}`` of ``samples`` temperature-1 responses to one problem, most common first."""
+    check_positive_int("samples", samples)
+    seq, _ = sample(model, prompt_tokens([problem] * samples), generator=torch.Generator().manual_seed(seed))
+    counts: dict[str, int] = {}
+    for row in seq:
+        text = decode(row[PROMPT_LEN:])
+        counts[text] = counts.get(text, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def plot_answer_distributions(distributions: dict[str, dict[str, int]], correct: str, title: str = "") -> Figure:
+    """Grouped bars: for each model (key), the share of samples giving each response; the correct one in green."""
+    share = {a: sum(d.get(a, 0) / sum(d.values()) for d in distributions.values())
+             for d in distributions.values() for a in d}
+    answers = sorted(share, key=lambda a: (a != correct, -share[a], a))[:8]
+    fig, ax = plt.subplots(figsize=(7, 2.8))
+    width = 0.8 / len(distributions)
+    for i, (name, counts) in enumerate(distributions.items()):
+        total = sum(counts.values())
+        ax.bar([j + i * width for j in range(len(answers))], [counts.get(a, 0) / total for a in answers],
+               width=width, label=name)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(answers))], [repr(a) for a in answers])
+    ax.get_xticklabels()[0].set_color("tab:green")
+    ax.set(ylabel="share of samples", title=title, ylim=(0, 1))
+    ax.legend()
+    fig.tight_layout()
+    return fig
