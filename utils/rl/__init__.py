@@ -22,6 +22,10 @@ Modules:
 - :mod:`utils.rl.lora`: LoRA layers (``LoRALinear``, ``apply_lora``,
   ``count_trainable``) and the parameters and model-state bytes of LoRA vs
   full fine-tuning;
+- :mod:`utils.rl.tiny_lm`: a 2-layer transformer of one-digit sums, its noisy
+  pre-training corpus, sampling with log-probabilities and sequence log-probs;
+- :mod:`utils.rl.post_training`: the verifiable arithmetic reward, KL to a
+  frozen reference, and the GRPO and DPO loops of the post-training labs;
 - :mod:`utils.rl.rlhf_cost`: the models an RLHF step holds in memory (PPO,
   GRPO, DPO; ZeRO-sharded) and a cost model of one step (generation at the
   decode roofline, scoring, 6ND training);
