@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 JOBS ?= 2
 EXECUTE ?= 0
 RUNS ?= 5
-# Seconds one cell may run before the build fails: the slowest cell takes ~15 s on a 2-core CPU.
+# Seconds one cell may run before the build fails: the slowest notebooks take about a minute on a 2-core CPU.
 CELL_TIMEOUT ?= 180
 NOTEBOOKS := $(shell find chapters labs -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*' | sort)
 # Threads per process: keep nbval's parallel kernels from fighting over the cores.
