@@ -32,10 +32,15 @@ from utils.gpu.roofline import OpCost, min_seconds
 from utils.validate import check_nonnegative_int, check_positive, check_positive_int
 
 
-FFN_AND_VOCAB = {"LLaMA-2-7B": (11008, 32000), "Llama-3-8B": (14336, 128256), "Mistral-7B": (14336, 32000)}
-"""``intermediate_size`` and ``vocab_size`` of the models of :data:`utils.attention.kv_cache.MODELS` served
-here, from the same ``config.json`` files (untied embeddings). Their totals are the published parameter
-counts, 6,738,415,616, 8,030,261,248 and 7,241,732,096 (tests/attention/test_decode_cost.py)."""
+FFN_AND_VOCAB = {"LLaMA-2-7B": (11008, 32000), "Llama-3-8B": (14336, 128256), "Mistral-7B": (14336, 32000),
+                 "LLaMA-2-70B": (28672, 32000), "Llama-3-70B": (28672, 128256)}
+"""``intermediate_size`` and ``vocab_size`` of the LLaMA-style models of :data:`utils.attention.kv_cache.MODELS`,
+from the same ``config.json`` files (untied embeddings). The 7-8B totals are the published parameter
+counts, 6,738,415,616, 8,030,261,248 and 7,241,732,096 (tests/attention/test_decode_cost.py); part 4's
+RLHF cost model (:mod:`utils.rl.rlhf_cost`) uses the 70B rows too."""
+
+SINGLE_GPU_MODELS = ("LLaMA-2-7B", "Llama-3-8B", "Mistral-7B")
+"""The models whose fp16 weights fit on one 80 GB GPU: the ones the serving chapter serves on one H100."""
 
 
 def param_count(model: str) -> int:

@@ -83,6 +83,16 @@ def _flash_forward_kernel(Q, K, V, O, LSE, sm_scale,
 
 
 @triton.jit
+def _load_query_tile(Q, DO, LSE, DELTA, q_offsets, stat_offsets, row_ok):
+    """A tile of query rows for the backward: Q, dO, the saved log-sum-exp L and D = rowsum(dO * O)."""
+    q = tl.load(Q + q_offsets, mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + q_offsets, mask=row_ok[:, None], other=0.0)
+    lse = tl.load(LSE + stat_offsets, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + stat_offsets, mask=row_ok, other=0.0)
+    return q, do, lse, delta
+
+
+@triton.jit
 def _recompute_p_and_ds(q, k, v, do, lse, delta, rows, cols, row_ok, col_ok, sm_scale,
                         CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
     """One tile of the backward: ``P = exp(S - L)`` recomputed, and ``dS = P * (dO V^T - D)``."""
@@ -119,10 +129,7 @@ def _flash_backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sm_scale,
         rows = start_m + tl.arange(0, BLOCK_M)
         row_ok = rows < n_q
         q_offsets = b * s_qb + h * s_qh + rows[:, None] * s_qn + dims[None, :]
-        q = tl.load(Q + q_offsets, mask=row_ok[:, None], other=0.0)
-        do = tl.load(DO + q_offsets, mask=row_ok[:, None], other=0.0)
-        lse = tl.load(LSE + bh * n_q + rows, mask=row_ok, other=0.0)
-        delta = tl.load(DELTA + bh * n_q + rows, mask=row_ok, other=0.0)
+        q, do, lse, delta = _load_query_tile(Q, DO, LSE, DELTA, q_offsets, bh * n_q + rows, row_ok)
         p, ds = _recompute_p_and_ds(q, k, v, do, lse, delta, rows, cols, row_ok, col_ok, sm_scale, CAUSAL, PRECISION)
         dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
         dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
@@ -143,10 +150,7 @@ def _flash_backward_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sm_scale,
     dims = tl.arange(0, HEAD_DIM)
     row_ok = rows < n_q
     q_offsets = b * s_qb + h * s_qh + rows[:, None] * s_qn + dims[None, :]
-    q = tl.load(Q + q_offsets, mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + q_offsets, mask=row_ok[:, None], other=0.0)
-    lse = tl.load(LSE + bh * n_q + rows, mask=row_ok, other=0.0)
-    delta = tl.load(DELTA + bh * n_q + rows, mask=row_ok, other=0.0)
+    q, do, lse, delta = _load_query_tile(Q, DO, LSE, DELTA, q_offsets, bh * n_q + rows, row_ok)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     hi = n_k
     if CAUSAL:

@@ -33,9 +33,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from utils.attention.decode_cost import decode_step_cost
+from utils.attention.decode_cost import FFN_AND_VOCAB, decode_step_cost, param_count, params_read_per_step
 from utils.attention.kv_cache import MODELS, AttentionConfig
-from utils.attention.llama_sizes import llama_param_count
 from utils.gpu import hardware
 from utils.gpu.roofline import min_seconds
 from utils.parallel.memory import zero_model_state_breakdown
@@ -44,9 +43,8 @@ from utils.validate import check_positive, check_positive_int
 
 ALGORITHMS = ("ppo", "grpo", "dpo")
 
-_FFN_AND_VOCAB = {"LLaMA-2-7B": (11008, 32000), "LLaMA-2-70B": (28672, 32000),
-                  "Llama-3-8B": (14336, 128256), "Llama-3-70B": (28672, 128256)}
-"""``intermediate_size`` and ``vocab_size`` from the models' config.json (as in utils.attention.kv_cache.MODELS)."""
+MODEL_NAMES = ("LLaMA-2-7B", "LLaMA-2-70B", "Llama-3-8B", "Llama-3-70B")
+"""The policies the cost model offers (their sizes: :data:`utils.attention.decode_cost.FFN_AND_VOCAB`)."""
 
 
 @dataclass(frozen=True)
@@ -61,16 +59,10 @@ class PolicyModel:
 
 
 def policy_model(name: str) -> PolicyModel:
-    """One of :data:`MODEL_NAMES`, counted by :func:`utils.attention.llama_sizes.llama_param_count`."""
-    if name not in _FFN_AND_VOCAB:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(_FFN_AND_VOCAB)}")
-    c = MODELS[name]
-    ffn, vocab = _FFN_AND_VOCAB[name]
-    n = llama_param_count(c.hidden, c.n_layers, vocab, ffn, c.n_heads, c.n_kv_heads)
-    return PolicyModel(name, n, n - vocab * c.hidden, c, ffn)  # a decode step reads all but the input embedding
-
-
-MODEL_NAMES = tuple(_FFN_AND_VOCAB)
+    """One of :data:`MODEL_NAMES`, counted by :func:`utils.attention.decode_cost.param_count`."""
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODEL_NAMES)}")
+    return PolicyModel(name, param_count(name), params_read_per_step(name), MODELS[name], FFN_AND_VOCAB[name][0])
 
 
 def _check_algorithm(algorithm: str) -> str:
