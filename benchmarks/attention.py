@@ -41,12 +41,16 @@ from utils.attention.flash_reference import attention_reference
 from utils.attention.llama import apply_rope, rms_norm as rms_norm_reference, rope_angles
 from utils.bench import time_seconds
 from utils.gpu.hardware import GpuSpec
+from utils.gpu.memory_hierarchy import sm_clock_hz
+from utils.gpu.roofline import attention_intensity
 from utils.kernels.flash_attention import flash_attention
-from utils.kernels.llama_ops import rms_norm, rope
+from utils.kernels.llama_ops import rms_norm, rope, swiglu_gate
+from utils.kernels.sfu import SFU_OPS_PER_CLOCK_PER_SM, exp2_chain, exp2_chain_reference
 
 TARGET_FLASH_VS_SDPA_FLASH = 1.0
 TARGET_FLASH_VS_FASTEST_SDPA = 0.70
 TARGET_ELEMENTWISE_BANDWIDTH_FRACTION = 0.80
+FA3_H100_SFU_TFLOPS = 3.9  # Shah et al. 2024, arXiv:2407.08608, section 3.1: "3.9 TFLOPS of special functions"
 SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
 
 
@@ -60,11 +64,13 @@ class Sizes:
     norm_cols: int
     rope_shape: tuple[int, int, int, int]
     repeats: int
+    exp2_elements: int = 2**24
+    exp2_iters: int = 1024
 
 
 FULL = Sizes(4, 16, (4096, 8192), 128, 2**16, 8192, (16, 32, 8192, 128), repeats=10)  # norm, rope: 1 GiB fp16
 QUICK = Sizes(2, 16, (4096,), 128, 2**14, 8192, (4, 32, 4096, 128), repeats=10)
-CPU_SMOKE = Sizes(1, 2, (48,), 16, 8, 64, (1, 2, 16, 16), repeats=1)
+CPU_SMOKE = Sizes(1, 2, (48,), 16, 8, 64, (1, 2, 16, 16), repeats=1, exp2_elements=256, exp2_iters=4)
 
 
 def _time(fn, sizes: Sizes) -> float:
@@ -112,9 +118,12 @@ def bench_flash(sizes: Sizes, seq_len: int, gpu: GpuSpec | None, on_gpu: bool) -
     if on_gpu and n >= 4096 and fastest == fastest:
         verdict = "PASS" if ours >= TARGET_FLASH_VS_SDPA_FLASH * flash_backend and \
             ours >= TARGET_FLASH_VS_FASTEST_SDPA * fastest else "MISS"
+    intensity = attention_intensity(n, d, q.element_size(), fused=True)  # read Q, K, V and write O once
     rows = [Result("flash_attention fwd", shape, "TFLOP/s", ours, "SDPA FLASH_ATTENTION", flash_backend, fraction,
-                   target, verdict)]
-    rows += [Result(name, shape, "TFLOP/s", value, "flash_attention", ours, frac, "reported only", "n/a")
+                   target, verdict, intensity=intensity)]
+    rows += [Result(name, shape, "TFLOP/s", value, "flash_attention", ours, frac, "reported only", "n/a",
+                    intensity=attention_intensity(n, d, q.element_size(), fused=False) if name.startswith("naive")
+                    else intensity)
              for name, (value, frac) in rates.items()]
     return rows
 
@@ -131,7 +140,7 @@ def bench_rms_norm(sizes: Sizes, gpu: GpuSpec | None, on_gpu: bool) -> Result:
     baseline, _ = rate_and_fraction(_time(lambda: F.rms_norm(x, (sizes.norm_cols,), w, eps=1e-6), sizes),
                                      nbytes, "GB/s", peak)
     return _bandwidth_result("rms_norm fwd", f"{sizes.norm_rows}x{sizes.norm_cols} {str(dtype).split('.')[-1]}",
-                             value, "F.rms_norm", baseline, fraction, on_gpu)
+                             value, "F.rms_norm", baseline, fraction, on_gpu, 4 * x.numel() / nbytes)
 
 
 def bench_rope(sizes: Sizes, gpu: GpuSpec | None, on_gpu: bool) -> Result:
@@ -145,21 +154,50 @@ def bench_rope(sizes: Sizes, gpu: GpuSpec | None, on_gpu: bool) -> Result:
     value, fraction = rate_and_fraction(_time(lambda: rope(x, cos, sin), sizes), nbytes, "GB/s", peak)
     baseline, _ = rate_and_fraction(_time(lambda: apply_rope(x, cos, sin), sizes), nbytes, "GB/s", peak)
     return _bandwidth_result("rope", "x".join(map(str, sizes.rope_shape)) + f" {str(dtype).split('.')[-1]}",
-                             value, "apply_rope (torch)", baseline, fraction, on_gpu)
+                             value, "apply_rope (torch)", baseline, fraction, on_gpu, 3 * x.numel() / nbytes)
 
 
-def _bandwidth_result(kernel, shape, value, baseline_name, baseline, fraction, on_gpu) -> Result:
+def bench_swiglu_gate(sizes: Sizes, gpu: GpuSpec | None, on_gpu: bool) -> Result:
+    """SwiGLU's gate ``silu(a) * b``: two reads and one write, against the two PyTorch ops."""
+    dtype = torch.float16 if on_gpu else torch.float32
+    a, b = (torch.randn(sizes.norm_rows, sizes.norm_cols, device=device.device(), dtype=dtype) for _ in range(2))
+    torch.testing.assert_close(swiglu_gate(a, b), F.silu(a) * b, rtol=2e-3, atol=2e-3)
+    nbytes = 3 * a.numel() * a.element_size()
+    peak = gpu.hbm_bandwidth if gpu else None
+    value, fraction = rate_and_fraction(_time(lambda: swiglu_gate(a, b), sizes), nbytes, "GB/s", peak)
+    baseline, _ = rate_and_fraction(_time(lambda: F.silu(a) * b, sizes), nbytes, "GB/s", peak)
+    return _bandwidth_result("swiglu gate", f"{sizes.norm_rows}x{sizes.norm_cols} {str(dtype).split('.')[-1]}",
+                             value, "F.silu(a) * b", baseline, fraction, on_gpu, 5 * a.numel() / nbytes)
+
+
+def bench_exp2(sizes: Sizes, gpu: GpuSpec | None, on_gpu: bool) -> Result:
+    """Exponentials per second on the SFUs (``utils.kernels.sfu``), against their peak and FlashAttention-3's figure."""
+    n, iters = sizes.exp2_elements, sizes.exp2_iters
+    x = 0.01 * torch.rand(n, device=device.device())
+    torch.testing.assert_close(exp2_chain(x, iters), exp2_chain_reference(x, iters), rtol=1e-4, atol=1e-3)
+    value = n * iters / _time(lambda: exp2_chain(x, iters), sizes) / 1e12
+    peak = None
+    if gpu:
+        peak = gpu.sm_count * SFU_OPS_PER_CLOCK_PER_SM * sm_clock_hz(gpu.name) / 1e12
+    return Result("exp2 (SFU)", f"2^{n.bit_length() - 1} fp32 x {iters}", "T exp2/s", value,
+                  "FlashAttention-3 paper: H100 special functions", FA3_H100_SFU_TFLOPS,
+                  value / peak if peak else None, "reported only", "n/a")
+
+
+def _bandwidth_result(kernel, shape, value, baseline_name, baseline, fraction, on_gpu, intensity) -> Result:
     target = f">= {TARGET_ELEMENTWISE_BANDWIDTH_FRACTION:.0%} of peak HBM"
     verdict = "n/a" if fraction is None or not on_gpu else \
         ("PASS" if fraction >= TARGET_ELEMENTWISE_BANDWIDTH_FRACTION else "MISS")
-    return Result(kernel, shape, "GB/s", value, baseline_name, baseline, fraction, target, verdict)
+    return Result(kernel, shape, "GB/s", value, baseline_name, baseline, fraction, target, verdict, intensity)
 
 
 def cases(on_gpu: bool, quick: bool, gpu: GpuSpec | None) -> list[Result]:
-    """FlashAttention at each sequence length (with every SDPA backend and naive attention), then RMSNorm and RoPE."""
+    """FlashAttention at each sequence length (with every SDPA backend and naive attention), then RMSNorm, RoPE,
+    the SwiGLU gate and the SFUs' exponential rate."""
     sizes = (QUICK if quick else FULL) if on_gpu else CPU_SMOKE
     results = [row for n in sizes.seq_lens for row in bench_flash(sizes, n, gpu, on_gpu)]
-    return results + [bench_rms_norm(sizes, gpu, on_gpu), bench_rope(sizes, gpu, on_gpu)]
+    return results + [bench_rms_norm(sizes, gpu, on_gpu), bench_rope(sizes, gpu, on_gpu),
+                      bench_swiglu_gate(sizes, gpu, on_gpu), bench_exp2(sizes, gpu, on_gpu)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ import json
 import platform
 import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable
 
 import utils  # noqa: F401  (first: switches Triton to its interpreter when there is no GPU)
@@ -23,6 +24,7 @@ import triton
 from utils import device
 from utils.bench import gb_per_s, tflop_per_s
 from utils.gpu.hardware import GpuSpec, spec_for_device
+from utils.recorded import format_rows
 
 
 @dataclass
@@ -38,6 +40,15 @@ class Result:
     peak_fraction: float | None
     target: str
     verdict: str  # PASS, MISS or n/a
+    intensity: float | None = None
+    """FLOPs per byte of minimum HBM traffic: where the kernel sits on a roofline (None: not placed)."""
+
+    @property
+    def achieved_flops(self) -> float | None:
+        """FLOP/s, for the roofline: a TFLOP/s rate as is, a GB/s rate times the intensity."""
+        if not self.intensity:
+            return None
+        return self.value * 1e12 if self.unit == "TFLOP/s" else self.value * 1e9 * self.intensity
 
     @property
     def ratio(self) -> float:
@@ -66,6 +77,7 @@ def header(gpu: GpuSpec | None) -> dict[str, str]:
         "python": platform.python_version(),
     }
     if gpu:
+        info["spec"] = gpu.name
         info["peaks"] = (f"{gpu.name}: HBM {gpu.hbm_bandwidth / 1e12:.2f} TB/s, "
                          f"fp16 {gpu.flops('fp16') / 1e12:.1f} TFLOP/s dense ({gpu.sources[0]})")
     else:
@@ -73,31 +85,47 @@ def header(gpu: GpuSpec | None) -> dict[str, str]:
     return info
 
 
-def _num(value: float) -> str:
-    """A rate with sensible digits: ``3,012`` or ``41.7`` or ``0.00986`` (interpreter rates are tiny)."""
-    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}" if value >= 1 else f"{value:.3g}"
-
-
 def format_table(results: list[Result]) -> str:
-    """The results as a fixed-width text table."""
-    cols = ("kernel", "shape", "rate", "of peak", "baseline", "ratio", "target", "verdict")
-    rows = [(r.kernel, r.shape, f"{_num(r.value)} {r.unit}",
-             "n/a" if r.peak_fraction is None else f"{r.peak_fraction:.1%}",
-             f"{r.baseline} {_num(r.baseline_value)}", f"{r.ratio:.3g}x", r.target, r.verdict) for r in results]
-    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in rows]
-    return "\n".join(lines)
+    """The results as a fixed-width text table (the same as the book prints for recorded rows)."""
+    return format_rows([asdict(r) for r in results])
 
 
 Cases = Callable[[bool, bool, "GpuSpec | None"], list[Result]]
 
 
-def run(prog: str, description: str, cases: Cases, argv: list[str] | None = None) -> int:
+def result_name(gpu: GpuSpec | None, quick: bool, on_gpu: bool) -> str:
+    """The file name stem of a recording: ``h100-sxm``, ``h100-sxm-quick``, ``unknown-gpu`` or ``cpu-smoke``."""
+    if not on_gpu:
+        return "cpu-smoke"
+    return (gpu.name.lower() if gpu else "unknown-gpu") + ("-quick" if quick else "")
+
+
+def record(results: list[Result], info: dict[str, str], quick: bool, on_gpu: bool, gpu: GpuSpec | None,
+           directory: str) -> tuple[Path, Path]:
+    """Write ``<directory>/<name>.json`` (header and rows) and ``<name>-roofline.png``; return both paths."""
+    import matplotlib
+
+    matplotlib.use("agg")
+    from utils import recorded
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = result_name(gpu, quick, on_gpu)
+    data = {"header": info, "quick": quick, "on_gpu": on_gpu,
+            "results": [asdict(r) | {"ratio": r.ratio} for r in results]}
+    json_path, png_path = out / f"{stem}.json", out / f"{stem}-roofline.png"
+    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    fig = recorded.plot_roofline(data, gpu.name if gpu else None)
+    fig.savefig(png_path, dpi=120, bbox_inches="tight")
+    return json_path, png_path
+
+
+def run(prog: str, description: str, cases: Cases, argv: list[str] | None = None,
+        record_dir: str | None = None) -> int:
     """Parse the shared options, print the header, run ``cases`` and print the table; return the exit code.
 
-    0 done, 1 a target missed with ``--strict``, 2 no GPU (without ``--allow-cpu``).
+    0 done, 1 a target missed with ``--strict``, 2 no GPU (without ``--allow-cpu``). With ``--record DIR``
+    (default ``record_dir``) the results also go to ``DIR/<gpu>.json`` with a roofline ``DIR/<gpu>-roofline.png``.
     """
     parser = argparse.ArgumentParser(prog=f"python -m {prog}", description=description)
     parser.add_argument("--quick", action="store_true", help="smaller sizes, a minute or two")
@@ -105,6 +133,9 @@ def run(prog: str, description: str, cases: Cases, argv: list[str] | None = None
     parser.add_argument("--allow-cpu", action="store_true", help="with no GPU, run tiny shapes in Triton's "
                         "interpreter as a smoke test (timings say nothing about GPU speed)")
     parser.add_argument("--strict", action="store_true", help="exit with code 1 if any target is missed")
+    parser.add_argument("--record", metavar="DIR", default=record_dir,
+                        help="write DIR/<gpu>.json and DIR/<gpu>-roofline.png" +
+                        (f" (default {record_dir})" if record_dir else ""))
     args = parser.parse_args(argv)
 
     on_gpu = device.HAS_CUDA and not device.INTERPRETER
@@ -128,5 +159,8 @@ def run(prog: str, description: str, cases: Cases, argv: list[str] | None = None
             json.dump({"header": info, "quick": args.quick, "on_gpu": on_gpu,
                        "results": [asdict(r) | {"ratio": r.ratio} for r in results]}, f, indent=2)
         print(f"\nwrote {args.json}")
+    if args.record:
+        for path in record(results, info, args.quick, on_gpu, gpu, args.record):
+            print(f"wrote {path}")
     missed = [r for r in results if r.verdict == "MISS"]
     return 1 if args.strict and missed else 0

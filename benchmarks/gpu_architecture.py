@@ -40,11 +40,13 @@ from benchmarks.common import Result, rate_and_fraction, run
 from utils import device
 from utils.bench import matmul_flops, time_seconds
 from utils.gpu.hardware import GpuSpec
+from utils.gpu.roofline import SOFTMAX_FLOPS_PER_ELEMENT
 
 TARGET_ADD_BANDWIDTH_FRACTION = 0.85
 TARGET_SOFTMAX_BANDWIDTH_FRACTION = 0.75
 TARGET_SOFTMAX_MIN_N_COLS = 2048
 TARGET_MATMUL_VS_CUBLAS = 0.80
+STRIDES = (1, 2, 4, 8, 16, 32)
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,46 @@ def bench_vector_add(sizes: Sizes, gpu: GpuSpec | None, on_gpu: bool) -> Result:
     verdict = "n/a" if fraction is None or not on_gpu else \
         ("PASS" if fraction >= TARGET_ADD_BANDWIDTH_FRACTION else "MISS")
     return Result("vector add", f"2^{n.bit_length() - 1} fp32", "GB/s", value, "torch.add", baseline,
-                  fraction, target, verdict)
+                  fraction, target, verdict, intensity=n / nbytes)
+
+
+VECTOR_ADD_VARIANTS = {  # label: (BLOCK_SIZE, num_warps, offset in elements, elements short of a multiple of 16)
+    "vector add, 1 element per thread (BLOCK 128, 4 warps)": (128, 4, 0, 0),
+    "vector add, 1 element per thread (BLOCK 256, 8 warps)": (256, 8, 0, 0),
+    "vector add, n not a multiple of 16": (1024, 4, 0, 1),
+    "vector add, pointers offset by 4 bytes": (1024, 4, 1, 0),
+}
+
+
+def bench_vector_add_variants(sizes: Sizes, gpu: GpuSpec | None, default: Result) -> list[Result]:
+    """The lab's vector add launched other ways, against its default launch (BLOCK 1024, 4 warps).
+
+    One element per thread leaves each thread two loads in flight (x and y) instead of 16. An ``n``
+    not divisible by 16, or pointers not 16-byte aligned, stops Triton from specialising the kernel
+    on divisibility by 16, and its loads become 4 bytes wide instead of 16 (``ld.global.b32`` in the
+    PTX instead of ``ld.global.v4.b32``).
+    """
+    import triton
+
+    from utils.kernels.vector_add import add_kernel
+
+    rows = []
+    for label, (block, warps, offset, short) in VECTOR_ADD_VARIANTS.items():
+        n = sizes.add_n_elements - short
+        x, y = (torch.randn(n + offset, device=device.device())[offset:] for _ in range(2))
+        z = torch.empty(n + offset, device=device.device())[offset:]
+
+        def launch(x=x, y=y, z=z, n=n, block=block, warps=warps):
+            add_kernel[(triton.cdiv(n, block),)](x, y, z, n, BLOCK_SIZE=block, num_warps=warps)
+
+        launch()
+        torch.testing.assert_close(z, x + y)
+        nbytes = 3 * n * x.element_size()
+        peak = gpu.hbm_bandwidth if gpu else None
+        value, fraction = rate_and_fraction(_time(launch, sizes), nbytes, "GB/s", peak)
+        rows.append(Result(label, f"{n:,} fp32", "GB/s", value, "vector add (BLOCK 1024, 4 warps)", default.value,
+                           fraction, "reported only", "n/a"))
+    return rows
 
 
 def bench_softmax(sizes: Sizes, n_cols: int, gpu: GpuSpec | None, on_gpu: bool) -> Result:
@@ -102,7 +143,7 @@ def bench_softmax(sizes: Sizes, n_cols: int, gpu: GpuSpec | None, on_gpu: bool) 
         verdict = "n/a" if fraction is None or not on_gpu else \
             ("PASS" if value >= baseline and fraction >= TARGET_SOFTMAX_BANDWIDTH_FRACTION else "MISS")
     return Result("fused softmax", f"{rows}x{n_cols} fp32", "GB/s", value, "torch.softmax", baseline,
-                  fraction, target, verdict)
+                  fraction, target, verdict, intensity=SOFTMAX_FLOPS_PER_ELEMENT * rows * n_cols / nbytes)
 
 
 def bench_matmul(sizes: Sizes, gpu: GpuSpec | None, on_gpu: bool) -> Result:
@@ -119,13 +160,44 @@ def bench_matmul(sizes: Sizes, gpu: GpuSpec | None, on_gpu: bool) -> Result:
     baseline, _ = rate_and_fraction(_time(lambda: torch.matmul(a, b), sizes), flops, "TFLOP/s", peak)
     verdict = "n/a" if not on_gpu else ("PASS" if value >= TARGET_MATMUL_VS_CUBLAS * baseline else "MISS")
     return Result("tiled matmul", f"{n}^3 fp16", "TFLOP/s", value, "torch.matmul", baseline, fraction,
-                  f">= {TARGET_MATMUL_VS_CUBLAS:.0%} of torch.matmul", verdict)
+                  f">= {TARGET_MATMUL_VS_CUBLAS:.0%} of torch.matmul", verdict, intensity=flops / (3 * n * n * 2))
+
+
+def bench_copy(sizes: Sizes, gpu: GpuSpec | None) -> Result:
+    """``dst.copy_(src)`` of ``4 * add_n_elements`` bytes: the HBM bandwidth a plain copy reaches, against the datasheet."""
+    n = sizes.add_n_elements
+    src = torch.randn(n, device=device.device())
+    dst = torch.empty_like(src)
+    nbytes = 2 * n * src.element_size()  # read once, written once
+    peak = gpu.hbm_bandwidth if gpu else None
+    value, fraction = rate_and_fraction(_time(lambda: dst.copy_(src), sizes), nbytes, "GB/s", peak)
+    return Result("HBM copy (torch copy_)", f"2^{n.bit_length() - 1} fp32", "GB/s", value, "datasheet peak",
+                  peak / 1e9 if peak else float("nan"), fraction, "reported only", "n/a")
+
+
+def bench_strided_copy(sizes: Sizes, gpu: GpuSpec | None, stride: int) -> Result:
+    """Copy every ``stride``-th fp32 of a buffer into a contiguous one (chapter "The memory hierarchy").
+
+    The rate counts the useful bytes (each kept float read once, written once); with stride s >= 8 a
+    32-byte sector brings one useful float of 4 bytes, so HBM moves up to (1 + 8) / 2 times more.
+    """
+    n = sizes.add_n_elements // 4
+    src = torch.ones(n * stride, device=device.device())
+    dst = torch.empty(n, device=device.device())
+    view = src[::stride]
+    nbytes = 2 * n * 4
+    peak = gpu.hbm_bandwidth if gpu else None
+    value, fraction = rate_and_fraction(_time(lambda: dst.copy_(view), sizes), nbytes, "GB/s", peak)
+    return Result(f"strided copy, stride {stride}", f"2^{n.bit_length() - 1} fp32", "GB/s", value,
+                  "datasheet peak", peak / 1e9 if peak else float("nan"), fraction, "reported only", "n/a")
 
 
 def cases(on_gpu: bool, quick: bool, gpu: GpuSpec | None) -> list[Result]:
-    """Vector add, the fused softmax at each width, and the tiled matmul, in that order."""
+    """A plain copy, strided copies, vector add, the fused softmax at each width, and the tiled matmul, in that order."""
     sizes = (QUICK if quick else FULL) if on_gpu else CPU_SMOKE
-    results = [bench_vector_add(sizes, gpu, on_gpu)]
+    results = [bench_copy(sizes, gpu)] + [bench_strided_copy(sizes, gpu, s) for s in STRIDES]
+    results.append(bench_vector_add(sizes, gpu, on_gpu))
+    results += bench_vector_add_variants(sizes, gpu, results[-1])
     results += [bench_softmax(sizes, n_cols, gpu, on_gpu) for n_cols in sizes.softmax_cols]
     results.append(bench_matmul(sizes, gpu, on_gpu))
     return results

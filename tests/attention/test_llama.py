@@ -99,3 +99,14 @@ def test_llama_7b_sizes_give_its_published_parameter_count():
     with torch.device("meta"):
         model = TinyLlama(LlamaConfig(vocab=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32))
     assert sum(p.numel() for p in model.parameters()) == 6_738_415_616
+
+
+def test_rope_angles_land_on_the_requested_device():
+    from utils.attention.llama import rope_angles
+    from utils.device import device
+
+    cos, sin = rope_angles(5, 8, device=device())
+    assert cos.device.type == sin.device.type == device().type and cos.dtype == torch.float32
+    cpu_cos, _ = rope_angles(5, 8)
+    assert cpu_cos.device.type == "cpu"
+    torch.testing.assert_close(cos.cpu(), cpu_cos)

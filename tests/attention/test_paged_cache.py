@@ -94,3 +94,15 @@ def test_wrong_shapes_raise(k_shape, v_shape):
 def test_bad_sizes_raise():
     with pytest.raises(ValueError, match="block_size"):
         PagedKVCache(num_blocks=2, block_size=0, n_kv_heads=H, head_dim=D)
+
+
+def test_to_copies_blocks_and_bookkeeping_independently():
+    cache = PagedKVCache(num_blocks=8, block_size=4, n_kv_heads=1, head_dim=2)
+    seq = cache.add_sequence()
+    cache.append(seq, torch.randn(6, 1, 2), torch.randn(6, 1, 2))
+    moved = cache.to("cpu")
+    assert moved.k_blocks is not cache.k_blocks and moved.block_table(seq) == cache.block_table(seq)
+    torch.testing.assert_close(moved.gather(seq)[0], cache.gather(seq)[0])
+    moved.append(seq, torch.randn(3, 1, 2), torch.randn(3, 1, 2))  # the copy grows, the original does not
+    assert (moved.length(seq), cache.length(seq)) == (9, 6)
+    assert moved.num_free_blocks == cache.num_free_blocks - 1

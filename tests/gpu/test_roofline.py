@@ -118,3 +118,15 @@ def test_fused_attention_never_moves_more_bytes(s, d):
 def test_bad_inputs_raise(call):
     with pytest.raises(ValueError):
         call()
+
+
+def test_exponentials_take_half_the_matmul_time_at_d128_flashattention3():
+    """FlashAttention-3, section 3.1: 989 TFLOPS of matmul, 3.9 TFLOPS of special functions, d = 128: 50%."""
+    ratio = rl.attention_exp_time_ratio(128, 989e12, 3.9e12)
+    assert ratio == pytest.approx(0.495, abs=0.001)
+    assert rl.attention_serial_exp_bound(128, 989e12, 3.9e12) == pytest.approx(989e12 / 1.495, rel=1e-3)
+    assert rl.attention_exp_time_ratio(64, 989e12, 3.9e12) == pytest.approx(2 * ratio)  # smaller heads: worse
+    with pytest.raises(ValueError):
+        rl.attention_exp_time_ratio(0, 989e12, 3.9e12)
+    with pytest.raises(ValueError):
+        rl.attention_serial_exp_bound(128, 989e12, -1.0)

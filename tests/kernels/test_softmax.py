@@ -89,7 +89,7 @@ def test_traffic_matches_the_triton_tutorial_count():
 
 
 def test_more_warps_for_longer_rows():
-    assert [num_warps_for(b) for b in (1, 1024, 2048, 4096, 65536)] == [4, 4, 8, 16, 16]
+    assert [num_warps_for(b) for b in (1, 512, 1024, 2048, 4096, 8192, 16384, 65536)] == [1, 1, 1, 2, 4, 8, 16, 16]
     with pytest.raises(ValueError, match="block_size"):
         num_warps_for(0)
 

@@ -48,9 +48,10 @@ def swiglu_hidden_size(dim: int, multiple_of: int = 256) -> int:
     return multiple_of * math.ceil(hidden / multiple_of)
 
 
-def rope_angles(seq_len: int, head_dim: int, base: float = 10000.0, start: int = 0
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cos`` and ``sin`` of ``m * theta_i`` for positions ``start .. start + seq_len - 1``: shape ``(seq_len, head_dim/2)``."""
+def rope_angles(seq_len: int, head_dim: int, base: float = 10000.0, start: int = 0,
+                device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos`` and ``sin`` of ``m * theta_i`` for positions ``start .. start + seq_len - 1``: shape ``(seq_len, head_dim/2)``,
+    in fp32 on ``device`` (the CPU by default). The angles are computed in fp64 on the CPU, then cast and moved."""
     check_positive_int("head_dim", head_dim)
     if head_dim % 2:
         raise ValueError(f"RoPE rotates pairs of dimensions, so head_dim must be even, got {head_dim}")
@@ -58,7 +59,7 @@ def rope_angles(seq_len: int, head_dim: int, base: float = 10000.0, start: int =
     theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     positions = torch.arange(start, start + seq_len, dtype=torch.float64)
     angles = torch.outer(positions, theta)
-    return angles.cos().float(), angles.sin().float()
+    return angles.cos().float().to(device), angles.sin().float().to(device)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -117,7 +118,7 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, c.n_heads, c.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, s, c.n_kv_heads, c.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, c.n_kv_heads, c.head_dim).transpose(1, 2)
-        cos, sin = rope_angles(s, c.head_dim, c.rope_base, start)
+        cos, sin = rope_angles(s, c.head_dim, c.rope_base, start, device=x.device)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             if cache:

@@ -73,13 +73,13 @@ class MLA(nn.Module):
         c, (b, s, _) = self.config, h.shape
         c_q = self.w_dq(h)
         q_c = self.w_uq(c_q).view(b, s, c.n_heads, c.head_dim).transpose(1, 2)
-        cos, sin = rope_angles(s, c.rope_head_dim, start=start)
+        cos, sin = rope_angles(s, c.rope_head_dim, start=start, device=h.device)
         q_r = apply_rope(self.w_qr(c_q).view(b, s, c.n_heads, c.rope_head_dim).transpose(1, 2), cos, sin)
         return q_c, q_r
 
     def latents(self, h: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """What MLA caches per token: ``c_KV`` ``(b, s, d_c)`` and the shared RoPE key ``(b, s, d_h^R)``."""
-        cos, sin = rope_angles(h.shape[1], self.config.rope_head_dim, start=start)
+        cos, sin = rope_angles(h.shape[1], self.config.rope_head_dim, start=start, device=h.device)
         return self.w_dkv(h), apply_rope(self.w_kr(h), cos, sin)
 
     def _attend(self, scores: torch.Tensor, start: int) -> torch.Tensor:

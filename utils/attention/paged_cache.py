@@ -12,6 +12,8 @@ that more than one sequence uses first copies it (section 4.4).
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from utils.validate import check_positive_int
@@ -130,6 +132,15 @@ class PagedKVCache:
             self.v_blocks[block, slot:slot + take] = v[written:written + take]
             written += take
         self._lengths[seq_id] = length + n_new
+
+    def to(self, device: torch.device | str) -> "PagedKVCache":
+        """A copy of this cache (blocks, tables, reference counts) with its block pools on ``device``."""
+        other = copy.copy(self)
+        other.k_blocks, other.v_blocks = self.k_blocks.to(device, copy=True), self.v_blocks.to(device, copy=True)
+        other._free, other._refcount = list(self._free), list(self._refcount)
+        other._tables = {seq: list(table) for seq, table in self._tables.items()}
+        other._lengths = dict(self._lengths)
+        return other
 
     def fork(self, seq_id: int) -> int:
         """A new sequence that shares every block of ``seq_id``: no copy, reference counts + 1."""

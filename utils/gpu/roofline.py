@@ -236,3 +236,29 @@ def min_seconds(cost: OpCost, gpu: str = "H100-SXM", precision: str = "bf16") ->
         raise ValueError(f"cost must be an OpCost, got {type(cost).__name__}")
     g = hardware.spec(gpu)
     return max(cost.flops / g.flops(precision), cost.nbytes / g.hbm_bandwidth)
+
+
+def attention_exp_time_ratio(head_dim: int, matmul_flops: float, exp_per_s: float) -> float:
+    """Time of one score's exponential over the time of its matmul FLOPs: ``matmul_flops / (4 d exp_per_s)``.
+
+    Each score of attention costs ``4 d`` matmul FLOPs (``2d`` for ``Q K^T``, ``2d`` for
+    ``P V``) and one exponential, which runs on the special function units, not the
+    Tensor Cores. With an H100 SXM's 989 TFLOP/s of fp16 matmul and its 3.9e12
+    exponentials per second, at ``d = 128`` this is 0.50: "exponential can take 50% of the
+    cycle time compared to matmul" (Shah et al. 2024, FlashAttention-3, arXiv:2407.08608,
+    section 3.1).
+    """
+    _check_positive_ints(head_dim=head_dim)
+    check_positive("matmul_flops", matmul_flops)
+    check_positive("exp_per_s", exp_per_s)
+    return matmul_flops / (4 * head_dim * exp_per_s)
+
+
+def attention_serial_exp_bound(head_dim: int, matmul_flops: float, exp_per_s: float) -> float:
+    """Attention FLOP/s if the exponentials never overlap the matmuls: ``matmul_flops / (1 + ratio)``.
+
+    ``ratio`` is :func:`attention_exp_time_ratio`. A kernel that runs each tile's softmax
+    after its matmul on the same warps cannot beat this however fast its matmuls are;
+    FlashAttention-3 overlaps the two to get past it.
+    """
+    return matmul_flops / (1 + attention_exp_time_ratio(head_dim, matmul_flops, exp_per_s))

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from utils.attention.paged_cache import PagedKVCache
-from utils.device import check_dtype
+from utils.device import INTERPRETER, check_dtype
 
 
 @triton.jit
@@ -93,6 +93,9 @@ def paged_attention_triton(q: torch.Tensor, cache: PagedKVCache, seq_ids: list[i
     if q.dtype != cache.k_blocks.dtype or q.device != cache.k_blocks.device:
         raise ValueError(f"q ({q.dtype}, {q.device}) must match the cache ({cache.k_blocks.dtype}, "
                          f"{cache.k_blocks.device})")
+    if q.device.type != "cuda" and not INTERPRETER:
+        raise ValueError(f"compiled Triton kernels read GPU memory, but q and the cache are on {q.device}: move "
+                         "the cache with cache.to('cuda') and q with q.cuda(), or set TRITON_INTERPRET=1")
     tables, lengths = block_tables_tensor(cache, seq_ids)
     if int(lengths.min()) == 0:
         raise ValueError("every sequence needs at least one cached token")

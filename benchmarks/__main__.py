@@ -1,0 +1,41 @@
+"""The one benchmark harness: every single-GPU lab kernel against its baseline, one table, recorded.
+
+Run from the repository root on a machine with a CUDA GPU, torch and triton (no Jupyter)::
+
+    python -m benchmarks            # full sizes (~3 minutes on an H100); writes benchmarks/results/<gpu>.json
+    python -m benchmarks --quick    # smaller sizes; writes benchmarks/results/<gpu>-quick.json
+    python -m benchmarks --record DIR   # write the JSON and the roofline PNG to DIR instead
+
+It runs the cases of :mod:`benchmarks.gpu_architecture` (HBM copy, vector add, fused
+softmax, tiled matmul against cuBLAS) and :mod:`benchmarks.attention` (FlashAttention
+against every SDPA backend and naive attention, RMSNorm, RoPE, the SwiGLU gate), each
+checked against its reference before it is timed with ``triton.testing.do_bench``
+(median, L2 flushed between runs, inputs of 1 GiB or more for the memory-bound kernels).
+It prints the header (GPU, driver's name, date, versions, peaks) and one table, and
+records both as JSON with a roofline of every kernel (``<gpu>-roofline.png``).
+
+Collectives need several processes: run ``torchrun -m benchmarks.ring_all_reduce`` (and
+the other multi-process scripts in ``benchmarks/README.md``) on a machine with several GPUs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from benchmarks import attention, gpu_architecture
+from benchmarks.common import Result, run
+from utils.gpu.hardware import GpuSpec
+
+
+def cases(on_gpu: bool, quick: bool, gpu: GpuSpec | None) -> list[Result]:
+    """Part 1's cases, then part 3's."""
+    return gpu_architecture.cases(on_gpu, quick, gpu) + attention.cases(on_gpu, quick, gpu)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every case; return the exit code (0 done, 1 a target missed with --strict, 2 no GPU)."""
+    return run("benchmarks", __doc__.split("\n")[0], cases, argv, record_dir="benchmarks/results")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
