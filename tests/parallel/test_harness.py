@@ -25,7 +25,7 @@ ADAM_TOL = dict(rtol=1e-4, atol=1e-5)
 
 def _every_strategy(rank, world_size):
     out = {s: harness.train_data_parallel(rank, world_size, s, SGD) for s in ("naive", "bucketed", "torch_ddp")}
-    out.update({s: harness.train_data_parallel(rank, world_size, s, ADAM) for s in ("zero1", "fsdp2")})
+    out.update({s: harness.train_data_parallel(rank, world_size, s, ADAM) for s in ("zero1", "zero2", "fsdp2")})
     return out
 
 
@@ -46,7 +46,7 @@ def test_data_parallel_sgd_matches_one_process_on_the_full_batch(two_ranks, stra
         assert two_ranks[rank][strategy]["losses"] == pytest.approx(ref["losses"], rel=1e-5)
 
 
-@pytest.mark.parametrize("strategy", ["zero1", "fsdp2"])
+@pytest.mark.parametrize("strategy", ["zero1", "zero2", "fsdp2"])
 def test_sharded_adam_matches_one_process_on_the_full_batch(two_ranks, strategy):
     ref = harness.train_single_process(ADAM)
     for rank in (0, 1):
@@ -82,6 +82,19 @@ def test_fsdp2_holds_one_nth_of_every_state(two_ranks):
     assert r["param_nbytes"] == 4 * psi * ratio
     assert r["grad_nbytes"] == 4 * psi * ratio
     assert r["optimizer_state_nbytes"] == 8 * psi * ratio
+
+
+def test_zero2_shards_gradients_and_adam_state_as_the_zero_formula_says(two_ranks):
+    """Stage 2 (arXiv:1910.02054, Figure 1): gradients and optimizer state are 1/N_d per rank; here each parameter
+    is split on its own, so the slices are ceil(numel / N) elements; at most one full gradient lives at once."""
+    numels = [p.numel() for p in harness.make_mlp(ADAM).parameters()]
+    slices = sum(math.ceil(n / 2) for n in numels)
+    for rank in (0, 1):
+        r = two_ranks[rank]["zero2"]
+        assert r["grad_nbytes"] == 4 * slices < 4 * sum(numels)
+        assert r["optimizer_state_nbytes"] == 8 * slices  # Adam: momentum and variance, fp32
+        assert r["param_nbytes"] == 4 * sum(numels)  # stage 2 keeps the full weights
+        assert r["full_grad_peak_nbytes"] == 4 * max(numels)
 
 
 def _zero1_three_ranks(rank, world_size):

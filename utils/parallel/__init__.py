@@ -15,6 +15,7 @@ ring_allreduce_time``; nothing is re-exported here):
   ECMP collisions;
 - :mod:`utils.parallel.data_parallel`: gradient all-reduce, DDP's bucketing
   rule and bucketed DDP, ZeRO-1, bytes held per rank;
+- :mod:`utils.parallel.zero`: ZeRO-2, each gradient reduce-scattered from a backward hook;
 - :mod:`utils.parallel.harness`: a tiny training run on one process or on N
   ranks with any strategy (ours, PyTorch DDP, FSDP2), the labs' yardstick;
 - :mod:`utils.parallel.memory`: ZeRO's model-state memory and traffic per GPU, activation bytes
@@ -57,7 +58,7 @@ loss_scaling, precision_plots, memory), 10 planning a training run
 (planner, transformer_costs, published_runs, planner_plots, memory, network);
 by the labs of ``labs/02-parallelism/``: 01 ring all-reduce (collectives,
 network), 02 DDP from scratch (data_parallel, harness, network), 03 ZeRO and
-FSDP (data_parallel, harness, memory), 04 tensor-parallel MLP
+FSDP (data_parallel, zero, harness, memory), 04 tensor-parallel MLP
 (tensor_parallel), 05 pipeline schedules (pipeline, pipeline_exec,
 pipeline_plots), 06 activation checkpointing (activations, memory), 07 loss
 scaling (loss_scaling, precision, precision_plots); and by the multi-process

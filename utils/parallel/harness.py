@@ -38,9 +38,10 @@ from utils.parallel.data_parallel import (
     optimizer_state_nbytes,
     tensor_nbytes,
 )
+from utils.parallel.zero import ZeroTwoOptimizer
 from utils.validate import check_positive, check_positive_int
 
-STRATEGIES = ("naive", "bucketed", "torch_ddp", "zero1", "fsdp2")
+STRATEGIES = ("naive", "bucketed", "torch_ddp", "zero1", "zero2", "fsdp2")
 """The ways :func:`train_data_parallel` can synchronise N ranks."""
 
 
@@ -145,8 +146,9 @@ def train_data_parallel(rank: int, world_size: int, strategy: str, config: Train
     step on this rank, between barriers), ``n_all_reduce_calls`` (gradient
     all-reduces per step, or None where not counted), and the bytes this rank
     holds after the last backward: ``param_nbytes``, ``grad_nbytes``,
-    ``optimizer_state_nbytes``. ``"zero1"`` and ``"fsdp2"`` use Adam whatever
-    ``config.optimizer`` says (their point is Adam's state).
+    ``optimizer_state_nbytes`` (``"zero2"`` also ``full_grad_peak_nbytes``, the most
+    unsharded gradient alive at once). ``"zero1"``, ``"zero2"`` and ``"fsdp2"`` use Adam
+    whatever ``config.optimizer`` says (their point is Adam's state).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
@@ -166,6 +168,9 @@ def train_data_parallel(rank: int, world_size: int, strategy: str, config: Train
     elif strategy == "zero1":
         broadcast_parameters(model)
         net, opt = model, ZeroOneOptimizer(model.parameters(), torch.optim.Adam, lr=config.lr)
+    elif strategy == "zero2":
+        broadcast_parameters(model)
+        net, opt = model, ZeroTwoOptimizer(model.parameters(), torch.optim.Adam, lr=config.lr)
     else:  # fsdp2
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -189,7 +194,7 @@ def train_data_parallel(rank: int, world_size: int, strategy: str, config: Train
             calls = all_reduce_gradients(model)
         elif strategy == "bucketed":
             calls = net.finish_gradient_synchronization()
-        grad_nbytes = tensor_nbytes(p.grad for p in model.parameters())
+        grad_nbytes = opt.gradient_nbytes() if strategy == "zero2" else tensor_nbytes(p.grad for p in model.parameters())
         opt.step()
         opt.zero_grad()
         if device.type == "cuda":
@@ -201,6 +206,10 @@ def train_data_parallel(rank: int, world_size: int, strategy: str, config: Train
 
     weights = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
                for k, v in model.state_dict().items()}
-    return {"losses": losses, "weights": weights, "step_seconds": step_seconds, "n_all_reduce_calls": calls,
-            "param_nbytes": tensor_nbytes(model.parameters()), "grad_nbytes": grad_nbytes,
-            "optimizer_state_nbytes": optimizer_state_nbytes(opt)}
+    out = {"losses": losses, "weights": weights, "step_seconds": step_seconds, "n_all_reduce_calls": calls,
+           "param_nbytes": tensor_nbytes(model.parameters()), "grad_nbytes": grad_nbytes,
+           "optimizer_state_nbytes": optimizer_state_nbytes(opt.optimizer if strategy == "zero2" else opt)}
+    if strategy == "zero2":
+        out["full_grad_peak_nbytes"] = opt.full_grad_peak_nbytes
+        opt.remove_hooks()
+    return out

@@ -1,0 +1,44 @@
+"""utils.parallel.zero: ZeRO-2 refuses bad input and accumulates gradients over micro-batches like one process."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from utils.dist import launch
+from utils.parallel import harness
+from utils.parallel.data_parallel import broadcast_parameters
+from utils.parallel.zero import ZeroTwoOptimizer
+
+CONFIG = harness.TrainConfig(n_steps=2, optimizer="adam", lr=0.01, batch_size=24)
+
+
+@pytest.mark.parametrize("params, match", [
+    ([], "no parameters"),
+    ([torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2, dtype=torch.float64))], "one dtype"),
+])
+def test_bad_input_raises_value_error(params, match):
+    with pytest.raises(ValueError, match=match):
+        ZeroTwoOptimizer(params)
+
+
+def _two_micro_batches(rank, world_size):
+    """Each step: two half-batches, backward on each (the hooks accumulate the gradient slices), one step."""
+    model = harness.make_mlp(CONFIG)
+    broadcast_parameters(model)
+    opt = ZeroTwoOptimizer(model.parameters(), lr=CONFIG.lr)
+    x, y = harness.make_regression_data(CONFIG)
+    for step in range(CONFIG.n_steps):
+        rows = slice(step * CONFIG.batch_size, (step + 1) * CONFIG.batch_size)
+        xs, ys = harness.batch_shard(x[rows], rank, world_size), harness.batch_shard(y[rows], rank, world_size)
+        half = xs.shape[0] // 2
+        for part in (slice(0, half), slice(half, None)):
+            (F.mse_loss(model(xs[part]), ys[part]) / 2).backward()  # mean over the two halves
+        opt.step()
+        opt.zero_grad()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_gradient_accumulation_matches_one_process():
+    one = harness.train_single_process(CONFIG)["weights"]
+    for weights in launch(_two_micro_batches, 2, timeout=60):
+        torch.testing.assert_close(weights, one, rtol=1e-4, atol=1e-5)
