@@ -76,8 +76,9 @@ PUBLISHED: Mapping[str, Mapping[str, Published]] = MappingProxyType({
             265.5, "cycles", f"{_GPU_LATENCY}, L2 hit, near partition (buffers of 0.4 to 20 MB): 265.5 cycles "
             "= 151 ns", "measured"),
         "l2_far_latency_cycles": Published(
-            475.4, "cycles", f"{_GPU_LATENCY}, L2 hit with half the lines in the far partition (buffers of 35 "
-            "to 47 MB): about 475 cycles = 271 ns", "measured"),
+            475.4, "cycles", f"{_GPU_LATENCY}, plateau for buffers of 35 to 47 MB, past the ~20 MB "
+            "near plateau and inside the 50 MB L2 (our reading: hits in the far L2 partition): about 475 "
+            "cycles = 271 ns", "measured"),
         "hbm_latency_cycles": Published(
             _H100_PCIE_DRAM.cycles, "cycles", f"{_H100_PCIE_DRAM.source} (utils.gpu.simt.POINTER_CHASE_DRAM_LATENCY)",
             "measured"),
