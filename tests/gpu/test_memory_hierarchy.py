@@ -65,12 +65,25 @@ def test_figures_held_by_utils_hardware_are_not_copied():
         assert mh.level(gpu, "L2 cache").size_bytes == hardware.spec(gpu).l2_bytes
 
 
-def test_latency_in_seconds():
+def test_latency_in_seconds_at_the_clock_of_the_measured_card():
     hbm = mh.level("H100-SXM", "HBM")
-    assert hbm.latency_seconds(1e9) == pytest.approx(478.8e-9)
-    assert mh.level("H100-SXM", "registers").latency_seconds(1e9) is None
+    # gpu-benches, gpu-latency/h100_pcie.txt, largest buffer: 658.4 cycles at 1755 MHz (= 375 ns).
+    assert hbm.latency_seconds() == pytest.approx(658.4 / 1755e6)
+    assert hbm.latency_seconds() == pytest.approx(375e-9, rel=0.01)
+    assert hbm.latency_seconds(1e9) == pytest.approx(658.4e-9)
+    assert mh.level("H100-SXM", "registers").latency_seconds() is None
     with pytest.raises(ValueError):
         hbm.latency_seconds(0)
+
+
+def test_latency_and_memory_pages_use_one_dram_latency():
+    from utils.gpu.simt import POINTER_CHASE_DRAM_LATENCY
+    assert mh.level("H100-SXM", "HBM").latency_seconds() == POINTER_CHASE_DRAM_LATENCY["H100-PCIe"].seconds
+
+
+def test_h100_l2_far_partition_is_slower_than_near_and_faster_than_dram():
+    p = mh.PUBLISHED["H100-SXM"]
+    assert p["l2_latency_cycles"].value < p["l2_far_latency_cycles"].value < p["hbm_latency_cycles"].value
 
 
 def test_unknown_names_raise_and_list_the_allowed_ones():

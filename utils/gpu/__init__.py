@@ -9,13 +9,15 @@ nothing is re-exported here):
 - :mod:`utils.gpu.memory_hierarchy`: the memory levels of a GPU (size,
   bandwidth, latency), each figure sourced;
 - :mod:`utils.gpu.coalescing`: how a warp's loads become 32-byte sectors;
+- :mod:`utils.gpu.shared_memory`: shared-memory banks and bank conflicts
+  (padding, XOR swizzling);
 - :mod:`utils.gpu.roofline`: arithmetic intensity of transformer operations and
   where they land on a roofline.
 
 Used by the chapters of ``chapters/01-gpu-architecture/``: 01 latency vs
 throughput (hardware, simt), 02 inside an SM (hardware, simt,
 memory_hierarchy), 03 memory hierarchy (hardware, memory_hierarchy,
-coalescing), 04 rooflines (hardware, roofline, memory_hierarchy); by the labs
+coalescing, shared_memory), 04 rooflines (hardware, roofline, memory_hierarchy); by the labs
 of ``labs/01-gpu-architecture/`` (the peaks of :mod:`utils.gpu.hardware`, and
 the ridge point of :mod:`utils.gpu.roofline` in the tiled-matmul lab); by
 ``chapters/02-parallelism/01-why-many-gpus`` (GPU peaks and memory); and by

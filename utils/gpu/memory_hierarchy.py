@@ -12,12 +12,18 @@ are in :data:`PUBLISHED`, one entry per number with its source.
 Latencies were measured by pointer chasing (each load's address is the value
 the previous load returned, so loads cannot overlap), the method of Jia et al.,
 "Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking",
-arXiv:1804.06826. The Hopper and Ampere figures are attributed to Luo et al.,
+arXiv:1804.06826. NVIDIA publishes no latencies. Each latency is stored in the
+cycles of the card that was measured *and* that card's clock, and converted
+to seconds at that clock (:meth:`MemoryLevel.latency_seconds`), never at
+another GPU's clock. The H100 figures come from one run of the ``gpu-latency``
+benchmark of gpu-benches on an H100 PCIe at 1755 MHz (file
+``gpu-latency/h100_pcie.txt``, read from the repository): L1 hit, near and far
+L2 hit and DRAM; the DRAM figure is
+:data:`utils.gpu.simt.POINTER_CHASE_DRAM_LATENCY` itself, so the latency and
+memory pages use one number. The A100 figures are attributed to Luo et al.,
 "Benchmarking and Dissecting the Nvidia Hopper GPU Architecture",
-arXiv:2402.13499 (IPDPS 2024), who measured an H800 PCIe (the GH100 chip of
-the H100, in a PCIe card) and an A100 PCIe. They are quoted at second hand
-(from a secondary summary of the paper) and have not been checked against the
-paper's tables: treat them as indicative. NVIDIA publishes no latencies.
+arXiv:2402.13499, on an A100 PCIe; the paper's tables could not be reached
+from the environment that wrote this module, so they are unchecked.
 
 How a warp's loads become 32-byte sectors is in :mod:`utils.gpu.coalescing`.
 """
@@ -30,6 +36,7 @@ from typing import Mapping
 
 from utils.gpu import hardware
 from utils.gpu.hardware import KB
+from utils.gpu.simt import POINTER_CHASE_DRAM_LATENCY
 from utils.published import Published
 from utils.validate import check_positive
 
@@ -42,7 +49,11 @@ _BANKS_SOURCE = ("CUDA C++ Programming Guide, Shared Memory (compute capability 
                  "each with a bandwidth of 32 bits per clock cycle")
 
 _LUO = ("Luo et al., 'Benchmarking and Dissecting the Nvidia Hopper GPU Architecture', arXiv:2402.13499, "
-        "pointer-chasing latency table (quoted at second hand, not checked against the paper)")
+        "pointer-chasing latency table (not checked: the paper's text could not be reached from the "
+        "environment that wrote this table)")
+_GPU_LATENCY = ("gpu-benches gpu-latency, gpu-latency/h100_pcie.txt (github.com/te42kyfo/gpu-benches): pointer "
+                "chase on an H100 PCIe at 1755 MHz")
+_H100_PCIE_DRAM = POINTER_CHASE_DRAM_LATENCY["H100-PCIe"]
 _H100_WP = "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022)"
 _A100_WP = "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020)"
 
@@ -54,11 +65,23 @@ PUBLISHED: Mapping[str, Mapping[str, Published]] = MappingProxyType({
         "fp32_lanes_per_sm": Published(128, "lanes", f"{_H100_WP}, Table 3: 128 FP32 cores per SM", "vendor"),
         "l2_bytes_per_clock": Published(
             4472.3, "bytes/clock",
-            "Luo et al., arXiv:2402.13499, L2 throughput table: FP32 loads on an H800 PCIe (GH100); quoted at "
-            "second hand, not checked against the paper. NVIDIA publishes no L2 bandwidth for H100", "measured"),
-        "smem_latency_cycles": Published(29.0, "cycles", f"{_LUO}, H800 PCIe, shared memory", "measured"),
-        "l2_latency_cycles": Published(263.0, "cycles", f"{_LUO}, H800 PCIe, L2 hit", "measured"),
-        "hbm_latency_cycles": Published(478.8, "cycles", f"{_LUO}, H800 PCIe, global memory (L2 miss)", "measured"),
+            "Luo et al., arXiv:2402.13499, L2 throughput table: FP32 loads on an H800 PCIe (GH100); not checked "
+            "against the paper, whose text could not be reached from the environment that wrote this table. "
+            "NVIDIA publishes no L2 bandwidth for H100", "measured"),
+        "latency_clock_hz": Published(
+            _H100_PCIE_DRAM.clock_hz, "Hz", f"{_GPU_LATENCY}: the clock of every row of the file", "measured"),
+        "smem_latency_cycles": Published(
+            34.2, "cycles", f"{_GPU_LATENCY}, L1 hit (buffers of 1 to 216 kB): 34.2 cycles = 19.5 ns", "measured"),
+        "l2_latency_cycles": Published(
+            265.5, "cycles", f"{_GPU_LATENCY}, L2 hit, near partition (buffers of 0.4 to 20 MB): 265.5 cycles "
+            "= 151 ns", "measured"),
+        "l2_far_latency_cycles": Published(
+            475.4, "cycles", f"{_GPU_LATENCY}, plateau for buffers of 35 to 47 MB, past the ~20 MB "
+            "near plateau and inside the 50 MB L2 (our reading: hits in the far L2 partition): about 475 "
+            "cycles = 271 ns", "measured"),
+        "hbm_latency_cycles": Published(
+            _H100_PCIE_DRAM.cycles, "cycles", f"{_H100_PCIE_DRAM.source} (utils.gpu.simt.POINTER_CHASE_DRAM_LATENCY)",
+            "measured"),
         "pcie_bidirectional_bytes_per_s": Published(
             128e9, "bytes/s",
             "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column): 'PCIe Gen5: 128 GB/s' "
@@ -73,6 +96,9 @@ PUBLISHED: Mapping[str, Mapping[str, Published]] = MappingProxyType({
         "fp32_lanes_per_sm": Published(64, "lanes", f"{_A100_WP}, Table 4: 64 FP32 cores per SM", "vendor"),
         "l2_bytes_per_clock": Published(
             5120, "bytes/clock", f"{_A100_WP}: 'The A100 L2 read bandwidth is 5120 Bytes/clk'", "vendor"),
+        "latency_clock_hz": Published(
+            1.41e9, "Hz", f"{_A100_WP}, Table 4: 1410 MHz boost clock, assumed to be the clock at which Luo et al. "
+            "counted the cycles (the paper could not be checked)", "vendor"),
         "smem_latency_cycles": Published(29.0, "cycles", f"{_LUO}, A100 PCIe, shared memory", "measured"),
         "l2_latency_cycles": Published(261.5, "cycles", f"{_LUO}, A100 PCIe, L2 hit", "measured"),
         "hbm_latency_cycles": Published(466.3, "cycles", f"{_LUO}, A100 PCIe, global memory (L2 miss)", "measured"),
@@ -99,8 +125,8 @@ class MemoryLevel:
     ``size_bytes`` is the total over the GPU (e.g. registers of all SMs);
     ``bandwidth_bytes_per_s`` the aggregate rate at which all SMs can read the
     level (for PCIe and NVLink: one direction); ``latency_cycles`` the
-    pointer-chasing latency of one load in SM clock cycles, or None where no
-    measurement is cited. ``*_kind`` is one of :data:`utils.published.KINDS`. ``per`` says
+    pointer-chasing latency of one load in SM clock cycles of the measured card,
+    whose clock is ``latency_clock_hz``, or None where no measurement is cited. ``*_kind`` is one of :data:`utils.published.KINDS`. ``per`` says
     whether the level belongs to one ``"GPU"`` or to the whole ``"node"``
     (host memory, the peer GPUs).
     """
@@ -116,11 +142,20 @@ class MemoryLevel:
     bandwidth_kind: str
     latency_kind: str | None
     per: str = "GPU"
+    latency_clock_hz: float | None = None
 
-    def latency_seconds(self, clock_hz: float) -> float | None:
-        """``latency_cycles / clock_hz`` (None where no latency is cited)."""
+    def latency_seconds(self, clock_hz: float | None = None) -> float | None:
+        """``latency_cycles / clock_hz`` (None where no latency is cited).
+
+        By default ``clock_hz`` is ``latency_clock_hz``, the clock of the card on which the
+        cycles were counted: cycles counted on one card are seconds only at that card's clock.
+        """
+        if clock_hz is None:
+            clock_hz = self.latency_clock_hz
+        if self.latency_cycles is None:
+            return None
         check_positive("clock_hz", clock_hz)
-        return None if self.latency_cycles is None else self.latency_cycles / clock_hz
+        return self.latency_cycles / clock_hz
 
 
 def _published(gpu: str) -> Mapping[str, Published]:
@@ -187,6 +222,7 @@ def hierarchy(gpu: str = "H100-SXM") -> tuple[MemoryLevel, ...]:
     sms = f"{sm} SMs ({_hardware_source(g, 'SMs')})"
     clock_note = f"at the {clock / 1e9:.2f} GHz clock of the FP32 peak (sm_clock_hz)"
     l2_bw = p["l2_bytes_per_clock"]
+    lat_clock = p["latency_clock_hz"].value
     levels = [
         MemoryLevel(
             "registers", g.registers_per_sm * 4 * sm, register_bandwidth_bytes_per_s(gpu), None,
@@ -198,15 +234,15 @@ def hierarchy(gpu: str = "H100-SXM") -> tuple[MemoryLevel, ...]:
             p["smem_latency_cycles"].value,
             f"{p['l1_smem_per_sm_bytes'].source}; x {sm} SMs",
             f"{_BANKS_SOURCE}; x {sm} SMs {clock_note}",
-            p["smem_latency_cycles"].source, "vendor", "derived", "measured"),
+            p["smem_latency_cycles"].source, "vendor", "derived", "measured", latency_clock_hz=lat_clock),
         MemoryLevel(
             "L2 cache", g.l2_bytes, l2_bw.value * clock, p["l2_latency_cycles"].value,
             _hardware_source(g, "L2"), f"{l2_bw.source}; {l2_bw.value:g} bytes/clock {clock_note}",
             p["l2_latency_cycles"].source, "vendor", "derived" if l2_bw.kind == "vendor" else "measured",
-            "measured"),
+            "measured", latency_clock_hz=lat_clock),
         MemoryLevel(
             "HBM", g.hbm_bytes, g.hbm_bandwidth, p["hbm_latency_cycles"].value, datasheet, datasheet,
-            p["hbm_latency_cycles"].source, "vendor", "vendor", "measured"),
+            p["hbm_latency_cycles"].source, "vendor", "vendor", "measured", latency_clock_hz=lat_clock),
         MemoryLevel(
             "peer GPUs (NVLink)", (p["gpus_per_node"].value - 1) * g.hbm_bytes, g.nvlink_bandwidth / 2, None,
             f"{p['gpus_per_node'].source}: the HBM of the other {p['gpus_per_node'].value - 1:g}",
