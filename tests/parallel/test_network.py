@@ -14,6 +14,7 @@ from utils.parallel.network import (
     double_binary_tree_pipeline_blocks,
     flat_ring_allreduce_time,
     hierarchical_allreduce_time,
+    in_network_allreduce_time,
     naive_allreduce_time,
     ring_allreduce_time,
     tree_allreduce_time,
@@ -104,7 +105,26 @@ def test_ring_wins_large_buffers_trees_win_small_ones_at_scale():
     assert double_binary_tree_allreduce_time(1024, 1e6, BW, ALPHA) < ring_allreduce_time(1024, 1e6, BW, ALPHA) / 10
 
 
+def test_in_network_allreduce_formula_by_hand():
+    # one latency up to the switch, one down; the buffer crosses each direction of the link once
+    assert in_network_allreduce_time(8, 1e9, 100e9, 5e-6) == pytest.approx(10e-6 + 0.01)
+    assert in_network_allreduce_time(1, 1e9, 100e9, 5e-6) == 0.0
+
+
+@given(n=st.integers(2, 4096), nbytes=st.floats(1, 1e11))
+def test_switch_additions_beat_the_gpu_lower_bound_by_2_n_minus_1_over_n(n, nbytes):
+    # The bound 2(n-1)/n M/B holds only when GPUs add; with the switch adding each GPU moves M each way,
+    # so the speed-up is the all-reduce bus-bandwidth factor 2(n-1)/n, which NCCL's tuning model applies
+    # to NVLS (a busbw twice the link's as n grows).
+    ratio = allreduce_lower_bound_time(n, nbytes, BW) / in_network_allreduce_time(n, nbytes, BW, 0.0)
+    assert ratio == pytest.approx(2 * (n - 1) / n)
+    if n > 2:
+        assert in_network_allreduce_time(n, nbytes, BW, 0.0) < allreduce_lower_bound_time(n, nbytes, BW)
+
+
 @pytest.mark.parametrize("call", [
+    lambda: in_network_allreduce_time(0, 1e9, BW, ALPHA),
+    lambda: in_network_allreduce_time(8, 1e9, BW, -1.0),
     lambda: tree_allreduce_time(0, 1e9, BW, ALPHA),
     lambda: naive_allreduce_time(8, -1, BW, ALPHA),
     lambda: direct_allreduce_time(8, 1e9, 0, ALPHA),

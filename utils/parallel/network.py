@@ -8,7 +8,9 @@ steps and the bytes each step sends (Thakur, Rabenseifner and Gropp,
 
 Here: the ring (:func:`ring_allreduce_time`) and the other all-reduce
 algorithms it is compared with (naive, direct, binomial tree, double binary
-tree; all in :data:`ALLREDUCE_COST_MODELS`), the bandwidth lower bound, and
+tree; all in :data:`ALLREDUCE_COST_MODELS`), the bandwidth lower bound when
+the GPUs do the additions, the all-reduce whose additions the switches do
+(:func:`in_network_allreduce_time`: SHARP, NVLink SHARP), and
 all-reduce across two levels, NVLink inside a node and a scale-out fabric
 between nodes (:func:`hierarchical_allreduce_time`,
 :func:`flat_ring_allreduce_time`). The algorithm and bus bandwidths that
@@ -151,15 +153,41 @@ def double_binary_tree_allreduce_time(n: int, nbytes: float, bandwidth: float, l
 
 
 def allreduce_lower_bound_time(n: int, nbytes: float, bandwidth: float) -> float:
-    """The least time any all-reduce of ``nbytes`` per GPU can take on links of ``bandwidth`` bytes/s.
+    """The least time an all-reduce of ``nbytes`` per GPU can take when the GPUs do the additions.
 
-    ``2(n-1)/n * nbytes / bandwidth``: every GPU must send and receive at least
-    ``2(n-1)/n`` times its buffer (Patarasuk and Yuan, JPDC 2009; the same
-    argument gives the all-reduce bus-bandwidth factor of nccl-tests,
-    doc/PERFORMANCE.md). The ring reaches it when latency is 0.
+    ``2(n-1)/n * nbytes / bandwidth``: if only GPUs add, every GPU must send and
+    receive at least ``2(n-1)/n`` times its buffer (Patarasuk and Yuan, JPDC
+    2009; the same argument gives the all-reduce bus-bandwidth factor of
+    nccl-tests, doc/PERFORMANCE.md). The ring reaches it when latency is 0.
+    The assumption matters: switches that add (:func:`in_network_allreduce_time`)
+    need each GPU to send and receive only about ``nbytes``.
     """
     _check_collective_args(n, nbytes, bandwidth, 0.0)
     return 2 * (n - 1) / n * nbytes / bandwidth
+
+
+def in_network_allreduce_time(n: int, nbytes: float, bandwidth: float, latency: float) -> float:
+    """Seconds for an all-reduce whose additions are done by the switch, not by the GPUs.
+
+    ``2 * latency + nbytes / bandwidth``: each GPU sends its buffer once, up to
+    the switch, which adds the ``n`` contributions as they arrive, and receives
+    the sum once, multicast back down; pipelined in chunks, the two directions
+    of its link carry ``nbytes`` each at the same time. That is SHARP on
+    InfiniBand switches (NVIDIA SHARP documentation: collectives offloaded to
+    the switch network, "eliminating the need to send data multiple times
+    between endpoints") and NVLink SHARP (NVLS) on the third-generation
+    NVSwitch of the H100 generation (NVIDIA H100 Tensor Core GPU Architecture
+    whitepaper, 2022; NCCL 2.17+ algorithm NVLS). Against the ring's
+    ``2(n-1)/n * nbytes / bandwidth`` it is ``2(n-1)/n`` times faster for large
+    buffers, approaching 2: NCCL's own tuning model doubles the NVLS all-reduce
+    bus bandwidth for this reason (NVIDIA/nccl, src/graph/tuning.cc, "AllReduce
+    pipelines two operations"). One latency up and one down is the model of a
+    single switch level; a model, not a measured figure. One GPU needs no time.
+    """
+    _check_collective_args(n, nbytes, bandwidth, latency)
+    if n == 1:
+        return 0.0
+    return 2 * latency + nbytes / bandwidth
 
 
 ALLREDUCE_COST_MODELS: Mapping[str, Callable[[int, float, float, float], float]] = MappingProxyType({
