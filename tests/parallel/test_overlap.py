@@ -68,3 +68,54 @@ def test_worked_example():
 def test_ddp_timeline_rejects_bad_input(args):
     with pytest.raises(ValueError):
         ddp_timeline(*args)
+
+
+def test_a_given_allreduce_cost_model_prices_every_bucket():
+    from utils.parallel.network import flat_ring_allreduce_time
+
+    def eight_rings(nbytes):  # two DGX H100 nodes, one ring per NIC
+        return flat_ring_allreduce_time(nbytes, 8, 2, 450e9, 2e-6, 50e9, 5e-6, rings=8)
+
+    t = ddp_timeline([1e-3] * 4, [1e8] * 4, float("inf"), 16, 50e9, 5e-6, allreduce_seconds=eight_rings)
+    assert t.comm_seconds == pytest.approx(eight_rings(4e8))
+    # one ring at one NIC's 50 GB/s is the default model, and far slower
+    single = ddp_timeline([1e-3] * 4, [1e8] * 4, float("inf"), 16, 50e9, 5e-6)
+    assert single.comm_seconds == pytest.approx(ring_allreduce_time(16, 4e8, 50e9, 5e-6))
+    assert single.comm_seconds > 5 * t.comm_seconds
+    with pytest.raises(ValueError):
+        ddp_timeline([1e-3], [1e8], 1e9, 16, 50e9, 0.0, allreduce_seconds=lambda n: -1.0)
+
+
+def test_min_tokens_to_hide_communication_by_hand_and_scaling_book():
+    from utils.parallel.overlap import min_tokens_to_hide_communication as tokens
+
+    # Austin et al., How to Scale Your Model, part 5: TPU v5p, C = 4.6e14, W = 2 * 9e10 -> "at least 2,550" (2,555.6)
+    assert tokens(4.6e14, 2 * 9e10) == pytest.approx(2555.6, abs=0.1)
+    assert tokens(4.6e14, 2 * 9e10, "fsdp") == pytest.approx(tokens(4.6e14, 2 * 9e10, "dp"))
+    # by hand, H100 at the dense bf16 peak over one NIC: 989e12 / 50e9 = 19,780 tokens
+    assert tokens(989e12, 50e9) == pytest.approx(19_780)
+    # finite N: the ring sends 2(N-1)/N; 16 GPUs -> 15/16 of it
+    assert tokens(989e12, 50e9, n_gpus=16) == pytest.approx(19_780 * 15 / 16)
+    # fp32 elements double it; FSDP's 3 Psi over 6 P T FLOPs equals DP's 2 Psi over 4 P T
+    assert tokens(1e12, 1e9, bytes_per_element=4) == pytest.approx(2000)
+    assert tokens(1e12, 1e9, "fsdp", n_gpus=4) == pytest.approx(3 * 3 / 4 * 2 * 1e12 / (6 * 1e9))
+
+
+def test_min_tokens_agrees_with_the_timeline():
+    """At exactly the critical tokens (no latency), bucketed communication equals backward compute."""
+    from utils.parallel.overlap import min_tokens_to_hide_communication as tokens
+
+    flops, bandwidth, n, layers, params = 400e12, 50e9, 16, 24, 5e7
+    t_min = tokens(flops, bandwidth, n_gpus=n)
+    timeline = ddp_timeline([4 * params * t_min / flops] * layers, [2 * params] * layers, 2 * params, n,
+                            bandwidth, 0.0)
+    assert timeline.comm_seconds == pytest.approx(timeline.compute_seconds)
+
+
+@pytest.mark.parametrize("args", [(0, 1e9), (1e12, 0), (1e12, 1e9, "tp"), (1e12, 1e9, "dp", 0),
+                                  (1e12, 1e9, "dp", None, 0)])
+def test_min_tokens_rejects_bad_input(args):
+    from utils.parallel.overlap import min_tokens_to_hide_communication as tokens
+
+    with pytest.raises(ValueError):
+        tokens(*args)

@@ -215,8 +215,15 @@ class ZeroOneOptimizer:
     optimizer (``optimizer_cls``, Adam by default) on the slice; all-gather the
     updated slices back into every parameter. Reduce-scatter plus all-gather
     move the same bytes as one all-reduce (arXiv:1910.02054, section 7.2.1).
-    The slice is kept as an fp32 ``nn.Parameter`` copy: the "master weights"
-    of mixed-precision training.
+    The slice is kept as an ``nn.Parameter`` copy in the parameters' own dtype,
+    and the inner optimizer's state is created for it alone. With fp32
+    parameters (as in the labs) that copy is the fp32 master slice of ZeRO's
+    mixed-precision count. With 16-bit parameters there is no fp32 master copy
+    here: the update is done in 16 bits, and a faithful mixed-precision ZeRO-1
+    would keep ``shard`` in fp32 and round it to 16 bits before the all-gather.
+    The collectives are the flat-tensor ones (``reduce_scatter_tensor`` and
+    ``all_gather_into_tensor``, under this torch's names, see
+    :mod:`utils.parallel.collectives`).
     """
 
     def __init__(self, params: Iterable[torch.Tensor], optimizer_cls: type = torch.optim.Adam,
