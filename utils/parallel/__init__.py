@@ -20,7 +20,8 @@ ring_allreduce_time``; nothing is re-exported here):
   ranks with any strategy (ours, PyTorch DDP, FSDP2), the labs' yardstick;
 - :mod:`utils.parallel.memory`: ZeRO's model-state memory and traffic per GPU, activation bytes
   per layer (Korthikanti et al. 2022, Table 2), tensor parallelism's all-reduce size;
-- :mod:`utils.parallel.overlap`: how much of DDP's all-reduce hides behind backward;
+- :mod:`utils.parallel.overlap`: how much of DDP's all-reduce hides behind backward, and the tokens
+  per GPU above which DP and FSDP communication can hide at all;
 - :mod:`utils.parallel.tensor_parallel`: Megatron-LM tensor parallelism: f and g, column- and
   row-parallel linears, the tensor-parallel MLP and attention split by heads;
 - :mod:`utils.parallel.sequence_parallel`: sequence parallelism's all-gather / reduce-scatter
