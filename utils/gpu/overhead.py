@@ -38,20 +38,21 @@ from utils.validate import check_nonnegative, check_positive, check_positive_int
 
 REGIMES = ("compute", "memory", "overhead")
 
-_CUDA_GRAPHS = ("A. Gray, \"Getting Started with CUDA Graphs\", NVIDIA Technical Blog, 2019 "
+CUDA_GRAPHS_SOURCE = ("A. Gray, \"Getting Started with CUDA Graphs\", NVIDIA Technical Blog, 2019 "
                 "(developer.nvidia.com/blog/cuda-graphs): 20 launches of a short kernel per step, 1,000 steps, "
                 "time per kernel measured on the CPU wall clock. Figures as quoted by two independent copies of "
                 "the post; the post itself, and the GPU it names, could not be read from the environment "
                 "that wrote this table")
+"""Where :data:`CUDA_GRAPHS_BLOG` comes from, and how it was checked."""
 CUDA_GRAPHS_BLOG = MappingProxyType({
-    "kernel_seconds": Published(2.9e-6, "s", f"{_CUDA_GRAPHS}: the kernel's own execution time, from the profiler",
+    "kernel_seconds": Published(2.9e-6, "s", f"{CUDA_GRAPHS_SOURCE}: the kernel's own execution time, from the profiler",
                                 "measured"),
     "sync_every_kernel_seconds": Published(
-        9.6e-6, "s", f"{_CUDA_GRAPHS}: per kernel, with cudaStreamSynchronize after every launch", "measured"),
+        9.6e-6, "s", f"{CUDA_GRAPHS_SOURCE}: per kernel, with cudaStreamSynchronize after every launch", "measured"),
     "sync_every_step_seconds": Published(
-        3.8e-6, "s", f"{_CUDA_GRAPHS}: per kernel, synchronising once per step of 20 launches", "measured"),
+        3.8e-6, "s", f"{CUDA_GRAPHS_SOURCE}: per kernel, synchronising once per step of 20 launches", "measured"),
     "graph_seconds": Published(
-        3.4e-6, "s", f"{_CUDA_GRAPHS}: per kernel, the 20 launches captured once in a CUDA graph and "
+        3.4e-6, "s", f"{CUDA_GRAPHS_SOURCE}: per kernel, the 20 launches captured once in a CUDA graph and "
         "replayed with one cudaGraphLaunch per step", "measured"),
 })
 """Per-kernel times of NVIDIA's CUDA Graphs blog post, each with its source."""
@@ -237,7 +238,7 @@ def plot_per_op_time(n_elements: Sequence[float], per_op_seconds: Sequence[float
                     f"/ {model.bandwidth_bytes_per_s / 1e9:.1f} GB/s")
     ax.axhline(model.overhead_seconds * 1e6, color="tab:orange", ls=":", lw=1)
     ax.axvline(cross, color="gray", ls="--", lw=1)
-    ax.text(cross * 1.15, model.overhead_seconds * 1e6 * 0.55, f"n* = {cross:,.0f}", color="gray", fontsize=8)
+    ax.text(cross * 1.15, model.overhead_seconds * 1e6 * 1.3, f"n* = {cross:,.0f}", color="gray", fontsize=8)
     ax.set(xlabel="elements in the tensor n", ylabel="time per operation (us)", title=title)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
