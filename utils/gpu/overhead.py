@@ -45,8 +45,8 @@ CUDA_GRAPHS_SOURCE = ("A. Gray, \"Getting Started with CUDA Graphs\", NVIDIA Tec
                 "that wrote this table")
 """Where :data:`CUDA_GRAPHS_BLOG` comes from, and how it was checked."""
 CUDA_GRAPHS_BLOG = MappingProxyType({
-    "kernel_seconds": Published(2.9e-6, "s", f"{CUDA_GRAPHS_SOURCE}: the kernel's own execution time, from the profiler",
-                                "measured"),
+    "kernel_seconds": Published(
+        2.9e-6, "s", f"{CUDA_GRAPHS_SOURCE}: the kernel's own execution time, from the profiler", "measured"),
     "sync_every_kernel_seconds": Published(
         9.6e-6, "s", f"{CUDA_GRAPHS_SOURCE}: per kernel, with cudaStreamSynchronize after every launch", "measured"),
     "sync_every_step_seconds": Published(
