@@ -14,13 +14,16 @@ nothing is re-exported here):
 - :mod:`utils.gpu.roofline`: arithmetic intensity of transformer operations and
   where they land on a roofline;
 - :mod:`utils.gpu.overhead`: compute, memory or overhead: splitting a measured time,
-  fitting a per-operation overhead and a bandwidth, published kernel-launch figures.
+  fitting a per-operation overhead and a bandwidth, published kernel-launch figures;
+- :mod:`utils.gpu.tensor_cores`: the Tensor Core instructions, the peak they add up
+  to, tile and wave quantization, a tile's intensity against L2.
 
 Used by the chapters of ``chapters/01-gpu-architecture/``: 01 latency vs
 throughput (hardware, simt), 02 inside an SM (hardware, simt,
 memory_hierarchy), 03 memory hierarchy (hardware, memory_hierarchy,
 coalescing, shared_memory), 04 rooflines (hardware, roofline, memory_hierarchy), 05 where the time goes
-(hardware, roofline, overhead); by the labs
+(hardware, roofline, overhead), 06 tensor cores (hardware, tensor_cores,
+memory_hierarchy); by the labs
 of ``labs/01-gpu-architecture/`` (the peaks of :mod:`utils.gpu.hardware`, and
 the ridge point of :mod:`utils.gpu.roofline` in the tiled-matmul lab); by
 ``chapters/02-parallelism/01-why-many-gpus`` (GPU peaks and memory); and by

@@ -15,6 +15,10 @@ ring_allreduce_time``; nothing is re-exported here):
   ECMP collisions;
 - :mod:`utils.parallel.data_parallel`: gradient all-reduce, DDP's bucketing
   rule and bucketed DDP, ZeRO-1, bytes held per rank;
+- :mod:`utils.parallel.fsdp_schedule`: one FSDP step unit by unit on a compute and a communication
+  stream, with and without prefetch, and the memory it holds over time;
+- :mod:`utils.parallel.fsdp_costs`: hybrid sharding's (HSDP) memory and traffic, and the bytes of
+  FSDP2's mixed-precision policy;
 - :mod:`utils.parallel.zero`: ZeRO-2, each gradient reduce-scattered from a backward hook;
 - :mod:`utils.parallel.harness`: a tiny training run on one process or on N
   ranks with any strategy (ours, PyTorch DDP, FSDP2), the labs' yardstick;
@@ -51,7 +55,7 @@ ring_allreduce_time``; nothing is re-exported here):
 Used by the chapters of ``chapters/02-parallelism/``: 01 why many GPUs
 (training, memory), 02 collectives (network, bandwidth), 03 DP and DDP
 (data_parallel, network, bandwidth, overlap), 04 ZeRO and FSDP (memory,
-data_parallel), 05 GPU networking (topology, wiring, bandwidth, network), 06
+data_parallel, fsdp_schedule, fsdp_costs, overlap), 05 GPU networking (topology, wiring, bandwidth, network), 06
 tensor parallelism (tensor_parallel, sequence_parallel, memory, network), 07
 pipeline parallelism (pipeline, pipeline_plots), 08 activation memory
 (activations, memory), 09 mixed precision (precision,
