@@ -26,6 +26,16 @@ from benchmarks import attention, gpu_architecture
 from benchmarks.common import Result, run
 from utils.gpu.hardware import GpuSpec
 
+NOT_YET_RECORDED: dict[str, str] = {
+    "persistent softmax": "added on 2026-11-23, in a session with no GPU",
+    "tiled matmul, autotuned": "added on 2026-11-23, in a session with no GPU",
+    "paged attention decode": "added on 2026-11-23, in a session with no GPU",
+}
+"""Cases the harness runs that ``benchmarks/results/h100-sxm.json`` does not hold yet, and why. The next run of
+``python -m benchmarks`` on an H100 records them; then empty this (``tests/test_benchmarks_harness.py`` checks
+both ways). The recorded softmax rows also predate the harness's move to inputs of at least 1 GiB (they are
+4096 x N, 16 to 128 MiB)."""
+
 
 def cases(on_gpu: bool, quick: bool, gpu: GpuSpec | None) -> list[Result]:
     """Part 1's cases, then part 3's."""

@@ -66,11 +66,13 @@ class Sizes:
     repeats: int
     exp2_elements: int = 2**24
     exp2_iters: int = 1024
+    paged: tuple[int, int, int, int, int, int] = (64, 4096, 32, 8, 128, 16)  # seqs, tokens, heads, KV heads, d, block
 
 
 FULL = Sizes(4, 16, (4096, 8192), 128, 2**16, 8192, (16, 32, 8192, 128), repeats=10)  # norm, rope: 1 GiB fp16
-QUICK = Sizes(2, 16, (4096,), 128, 2**14, 8192, (4, 32, 4096, 128), repeats=10)
-CPU_SMOKE = Sizes(1, 2, (48,), 16, 8, 64, (1, 2, 16, 16), repeats=1, exp2_elements=256, exp2_iters=4)
+QUICK = Sizes(2, 16, (4096,), 128, 2**14, 8192, (4, 32, 4096, 128), repeats=10, paged=(16, 4096, 32, 8, 128, 16))
+CPU_SMOKE = Sizes(1, 2, (48,), 16, 8, 64, (1, 2, 16, 16), repeats=1, exp2_elements=256, exp2_iters=4,
+                  paged=(3, 40, 4, 2, 16, 16))
 
 
 def _time(fn, sizes: Sizes) -> float:
@@ -184,6 +186,46 @@ def bench_exp2(sizes: Sizes, gpu: GpuSpec | None, on_gpu: bool) -> Result:
                   value / peak if peak else None, "reported only", "n/a")
 
 
+def bench_paged_decode(sizes: Sizes, gpu: GpuSpec | None, on_gpu: bool) -> Result:
+    """One decode step of PagedAttention (:func:`utils.kernels.paged_attention.paged_decode`) over a full cache,
+    against SDPA on the same keys and values stored contiguously: what reading through block tables costs.
+
+    The cache is filled a block at a time, round-robin over the sequences, as concurrent decoding fills it,
+    so each sequence's blocks are scattered through the pool. Bytes are the K and V read once,
+    ``2 * seqs * tokens * kv_heads * d * 2``; FLOPs ``4 * seqs * heads * tokens * d``.
+    """
+    from utils.attention.paged_cache import interleaved_cache
+    from utils.kernels.paged_attention import block_tables_tensor, paged_decode
+
+    n_seqs, n_tokens, n_heads, n_kv, d, block = sizes.paged
+    dtype = torch.float16 if on_gpu else torch.float32
+    dev = device.device()
+    k_all, v_all = (torch.randn(n_seqs, n_tokens, n_kv, d, device=dev, dtype=dtype) for _ in range(2))
+    cache, seqs = interleaved_cache(k_all, v_all, block)
+    tables, lengths = block_tables_tensor(cache, seqs)
+    q = torch.randn(n_seqs, n_heads, d, device=dev, dtype=dtype)
+    k_contiguous, v_contiguous = (t.transpose(1, 2).contiguous() for t in (k_all, v_all))  # (seqs, kv, tokens, d)
+    del k_all, v_all
+
+    def paged():
+        return paged_decode(q, cache.k_blocks, cache.v_blocks, tables, lengths)
+
+    def contiguous():
+        return F.scaled_dot_product_attention(q[:, :, None], k_contiguous, v_contiguous, enable_gqa=True)[:, :, 0]
+
+    tol = dict(rtol=2e-3, atol=2e-3) if dtype == torch.float16 else dict(rtol=2e-4, atol=2e-4)
+    torch.testing.assert_close(paged(), contiguous(), **tol)
+    nbytes = 2 * n_seqs * n_tokens * n_kv * d * q.element_size()
+    flops = 4 * n_seqs * n_heads * n_tokens * d
+    peak = gpu.hbm_bandwidth if gpu else None
+    value, fraction = rate_and_fraction(_time(paged, sizes), nbytes, "GB/s", peak)
+    baseline, _ = rate_and_fraction(_time(contiguous, sizes), nbytes, "GB/s", peak)
+    shape = (f"{n_seqs} seqs x {n_tokens} tok, {n_heads}/{n_kv} heads d{d}, block {block} "
+             f"{str(dtype).split('.')[-1]}")
+    return Result("paged attention decode", shape, "GB/s", value, "SDPA, contiguous cache", baseline, fraction,
+                  "reported only", "n/a", intensity=flops / nbytes)
+
+
 def _bandwidth_result(kernel, shape, value, baseline_name, baseline, fraction, on_gpu, intensity) -> Result:
     target = f">= {TARGET_ELEMENTWISE_BANDWIDTH_FRACTION:.0%} of peak HBM"
     verdict = "n/a" if fraction is None or not on_gpu else \
@@ -193,11 +235,12 @@ def _bandwidth_result(kernel, shape, value, baseline_name, baseline, fraction, o
 
 def cases(on_gpu: bool, quick: bool, gpu: GpuSpec | None) -> list[Result]:
     """FlashAttention at each sequence length (with every SDPA backend and naive attention), then RMSNorm, RoPE,
-    the SwiGLU gate and the SFUs' exponential rate."""
+    the SwiGLU gate, the SFUs' exponential rate and a PagedAttention decode step."""
     sizes = (QUICK if quick else FULL) if on_gpu else CPU_SMOKE
     results = [row for n in sizes.seq_lens for row in bench_flash(sizes, n, gpu, on_gpu)]
     return results + [bench_rms_norm(sizes, gpu, on_gpu), bench_rope(sizes, gpu, on_gpu),
-                      bench_swiglu_gate(sizes, gpu, on_gpu), bench_exp2(sizes, gpu, on_gpu)]
+                      bench_swiglu_gate(sizes, gpu, on_gpu), bench_exp2(sizes, gpu, on_gpu),
+                      bench_paged_decode(sizes, gpu, on_gpu)]
 
 
 def main(argv: list[str] | None = None) -> int:

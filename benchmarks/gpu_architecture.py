@@ -15,10 +15,13 @@ a table: kernel, shape, GB/s or TFLOP/s, fraction of the chip's peak, ratio to
 the baseline, and PASS/MISS against the lab's target:
 
 - vector add, 2^28 fp32 elements: >= 85% of peak HBM bandwidth;
-- fused softmax, 4096 x N fp32, N in 1024..8192: for N >= 2048, at least as
-  fast as ``torch.softmax`` and >= 75% of peak HBM bandwidth (N = 1024 is
-  reported without a target);
-- tiled matmul, 4096^3 fp16: >= 80% of ``torch.matmul`` (cuBLAS).
+- fused softmax, R x N fp32, N in 1024..8192, R = max(4096, 2^28 / N) rows so that the
+  input is at least 1 GiB (well past any L2): for N >= 2048, at least as fast as
+  ``torch.softmax`` and >= 75% of peak HBM bandwidth (N = 1024 is reported without
+  a target); then the persistent softmax (a grid sized from the compiled kernel's
+  registers and shared memory) against it, reported only;
+- tiled matmul, 4096^3 fp16: >= 80% of ``torch.matmul`` (cuBLAS); then the same
+  kernel behind ``@triton.autotune``, reported with the configuration it chose.
 
 Peaks come from :mod:`utils.gpu.hardware` (vendor datasheets), matched on the name
 the driver reports (:func:`utils.gpu.hardware.spec_for_device`); for an unknown GPU the
@@ -56,9 +59,14 @@ class Sizes:
     softmax_cols: tuple[int, ...]
     matmul_mnk: int
     repeats: int  # CPU only: time_seconds uses do_bench's own counts on a GPU
+    softmax_min_bytes: int = 0  # more rows than softmax_rows where needed for an input this large
+
+    def softmax_shape(self, n_cols: int) -> tuple[int, int]:
+        """Rows and columns of the softmax input: at least ``softmax_rows`` rows and ``softmax_min_bytes`` of fp32."""
+        return max(self.softmax_rows, self.softmax_min_bytes // (4 * n_cols)), n_cols
 
 
-FULL = Sizes(2**28, 4096, (1024, 2048, 4096, 8192), 4096, repeats=10)
+FULL = Sizes(2**28, 4096, (1024, 2048, 4096, 8192), 4096, repeats=10, softmax_min_bytes=2**30)
 QUICK = Sizes(2**24, 1024, (1024, 2048, 4096, 8192), 2048, repeats=10)
 CPU_SMOKE = Sizes(2**12, 4, (64, 256), 64, repeats=1)
 
@@ -129,7 +137,7 @@ def bench_softmax(sizes: Sizes, n_cols: int, gpu: GpuSpec | None, on_gpu: bool) 
     """Fused row softmax of an ``rows x n_cols`` fp32 matrix: one read and one write, against ``torch.softmax``."""
     from utils.kernels.softmax import softmax
 
-    rows = sizes.softmax_rows
+    rows, n_cols = sizes.softmax_shape(n_cols)
     x = torch.randn(rows, n_cols, device=device.device())
     torch.testing.assert_close(softmax(x), torch.softmax(x, dim=-1))
     nbytes = 2 * rows * n_cols * x.element_size()
@@ -144,6 +152,45 @@ def bench_softmax(sizes: Sizes, n_cols: int, gpu: GpuSpec | None, on_gpu: bool) 
             ("PASS" if value >= baseline and fraction >= TARGET_SOFTMAX_BANDWIDTH_FRACTION else "MISS")
     return Result("fused softmax", f"{rows}x{n_cols} fp32", "GB/s", value, "torch.softmax", baseline,
                   fraction, target, verdict, intensity=SOFTMAX_FLOPS_PER_ELEMENT * rows * n_cols / nbytes)
+
+
+def bench_softmax_persistent(sizes: Sizes, n_cols: int, gpu: GpuSpec | None, default: Result) -> Result:
+    """The persistent softmax (:func:`utils.kernels.softmax.softmax_persistent`) on the same input as
+    :func:`bench_softmax`, against the one-row-per-program kernel measured there."""
+    from utils.kernels.softmax import softmax_persistent
+
+    rows, n_cols = sizes.softmax_shape(n_cols)
+    x = torch.randn(rows, n_cols, device=device.device())
+    report: dict = {}
+    torch.testing.assert_close(softmax_persistent(x, report=report), torch.softmax(x, dim=-1))
+    nbytes = 2 * rows * n_cols * x.element_size()
+    peak = gpu.hbm_bandwidth if gpu else None
+    value, fraction = rate_and_fraction(_time(lambda: softmax_persistent(x), sizes), nbytes, "GB/s", peak)
+    grid = f"{report['programs']} programs" + (
+        f" ({report['blocks_per_sm']}/SM: {report['n_regs']} regs, {report['shared_bytes']} B smem, "
+        f"{report['limiter']}-bound)" if report["n_regs"] is not None else "")
+    return Result("persistent softmax", f"{rows}x{n_cols} fp32, {grid}", "GB/s", value,
+                  "fused softmax (a program per row)", default.value, fraction, "reported only", "n/a",
+                  intensity=default.intensity)
+
+
+def bench_matmul_autotuned(sizes: Sizes, gpu: GpuSpec | None, default: Result) -> Result:
+    """The tiled matmul behind ``@triton.autotune`` (:func:`utils.kernels.matmul.matmul_autotuned`), against
+    ``torch.matmul``; the shape names the configuration the autotuner chose."""
+    from utils.kernels.matmul import matmul_autotuned, matmul_kernel_autotuned
+
+    n = sizes.matmul_mnk
+    a = torch.randn(n, n, device=device.device()).half()
+    b = torch.randn(n, n, device=device.device()).half()
+    torch.testing.assert_close(matmul_autotuned(a, b).float(), (a.float() @ b.float()), atol=1e-1, rtol=1e-2)
+    flops = matmul_flops(n, n, n)
+    peak = gpu.flops("fp16") if gpu else None
+    value, fraction = rate_and_fraction(_time(lambda: matmul_autotuned(a, b), sizes), flops, "TFLOP/s", peak)
+    best = matmul_kernel_autotuned.best_config
+    chosen = (f"{best.kwargs['BLOCK_M']}x{best.kwargs['BLOCK_N']}x{best.kwargs['BLOCK_K']}, "
+              f"{best.num_warps} warps, {best.num_stages} stages")
+    return Result("tiled matmul, autotuned", f"{n}^3 fp16, {chosen}", "TFLOP/s", value, "torch.matmul",
+                  default.baseline_value, fraction, "reported only", "n/a", intensity=default.intensity)
 
 
 def bench_matmul(sizes: Sizes, gpu: GpuSpec | None, on_gpu: bool) -> Result:
@@ -193,13 +240,18 @@ def bench_strided_copy(sizes: Sizes, gpu: GpuSpec | None, stride: int) -> Result
 
 
 def cases(on_gpu: bool, quick: bool, gpu: GpuSpec | None) -> list[Result]:
-    """A plain copy, strided copies, vector add, the fused softmax at each width, and the tiled matmul, in that order."""
+    """A plain copy, strided copies, vector add (and its launch variants), the fused softmax at each width, the
+    persistent softmax at each width, and the tiled matmul (default tiles, then autotuned), in that order."""
     sizes = (QUICK if quick else FULL) if on_gpu else CPU_SMOKE
     results = [bench_copy(sizes, gpu)] + [bench_strided_copy(sizes, gpu, s) for s in STRIDES]
     results.append(bench_vector_add(sizes, gpu, on_gpu))
     results += bench_vector_add_variants(sizes, gpu, results[-1])
-    results += [bench_softmax(sizes, n_cols, gpu, on_gpu) for n_cols in sizes.softmax_cols]
+    softmax_rows = [bench_softmax(sizes, n_cols, gpu, on_gpu) for n_cols in sizes.softmax_cols]
+    results += softmax_rows
+    results += [bench_softmax_persistent(sizes, n_cols, gpu, row)
+                for n_cols, row in zip(sizes.softmax_cols, softmax_rows)]
     results.append(bench_matmul(sizes, gpu, on_gpu))
+    results.append(bench_matmul_autotuned(sizes, gpu, results[-1]))
     return results
 
 

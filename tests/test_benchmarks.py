@@ -23,6 +23,7 @@ def test_cpu_smoke_run_prints_every_case_and_writes_json(tmp_path, capsys):
     saved = json.loads(out.read_text())
     kernels = [r["kernel"] for r in saved["results"]]
     assert kernels == ["HBM copy (torch copy_)"] + [f"strided copy, stride {s}" for s in gpu_architecture.STRIDES] + \
-        ["vector add", *gpu_architecture.VECTOR_ADD_VARIANTS, "fused softmax", "fused softmax", "tiled matmul"]
+        ["vector add", *gpu_architecture.VECTOR_ADD_VARIANTS, "fused softmax", "fused softmax",
+         "persistent softmax", "persistent softmax", "tiled matmul", "tiled matmul, autotuned"]
     assert all(r["value"] > 0 and r["verdict"] == "n/a" for r in saved["results"])
     assert saved["header"]["torch"] and saved["header"]["triton"]

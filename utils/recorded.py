@@ -104,17 +104,25 @@ def plot_rows(data: dict, kernels: str | Sequence[str], title: str | None = None
     return fig
 
 
-def show(kernels: str | Sequence[str], name: str = DEFAULT, plot: bool = True) -> dict | None:
-    """Print (and draw) the recorded figures of ``kernels``; return the recording, or None if there is none."""
+def show(kernels: str | Sequence[str], name: str = DEFAULT, plot: bool = True,
+         published: str | None = None) -> dict | None:
+    """Print (and draw) the recorded figures of ``kernels``; return the recording, or None if there is none.
+
+    Where the recording has no such rows yet (a case added to the harness since the last GPU run),
+    print ``published`` instead: the published figure for the same measurement, with its source.
+    """
     try:
         data = load(name)
     except ValueError:
         print(f"No GPU here, and no recording {name!r} in benchmarks/results/ yet: nothing to show.")
         return None
-    print(caption(data))
     if not rows(data, kernels):
-        print(f"(no recorded row starts with {kernels!r}: re-run python -m benchmarks)")
+        print(f"The recording {name!r} has no {kernels!r} rows yet: the next run of python -m benchmarks "
+              "on a GPU records them.")
+        if published:
+            print(f"Published figure for the same measurement: {published}")
         return data
+    print(caption(data))
     print(format_rows(rows(data, kernels)))
     if plot:
         plot_rows(data, kernels)

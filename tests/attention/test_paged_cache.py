@@ -106,3 +106,16 @@ def test_to_copies_blocks_and_bookkeeping_independently():
     moved.append(seq, torch.randn(3, 1, 2), torch.randn(3, 1, 2))  # the copy grows, the original does not
     assert (moved.length(seq), cache.length(seq)) == (9, 6)
     assert moved.num_free_blocks == cache.num_free_blocks - 1
+
+
+def test_interleaved_cache_scatters_each_sequence_and_keeps_its_tokens():
+    from utils.attention.paged_cache import interleaved_cache
+
+    k, v = torch.randn(3, 10, 2, 4), torch.randn(3, 10, 2, 4)
+    cache, seqs = interleaved_cache(k, v, block_size=4)
+    assert [cache.block_table(s) for s in seqs] == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+    for s, seq in enumerate(seqs):
+        got_k, got_v = cache.gather(seq)
+        assert torch.equal(got_k, k[s]) and torch.equal(got_v, v[s])
+    with pytest.raises(ValueError, match="n_seqs, n_tokens"):
+        interleaved_cache(k[0], v[0], 4)

@@ -122,3 +122,27 @@ def test_group_of_one_row_is_row_major_and_a_full_group_is_column_major(num_pid_
     assert launch_order(num_pid_m, num_pid_n, 1) == [(i, j) for i in range(num_pid_m) for j in range(num_pid_n)]
     assert launch_order(num_pid_m, num_pid_n, num_pid_m) == \
         [(i, j) for j in range(num_pid_n) for i in range(num_pid_m)]
+
+
+def test_autotuned_matmul_matches_torch_and_names_its_choice():
+    from utils.kernels.matmul import AUTOTUNE_CONFIGS, matmul_autotuned, matmul_kernel_autotuned
+
+    device.manual_seed(0)
+    a, b = torch.randn(70, 50, device=device.device()), torch.randn(50, 90, device=device.device())
+    torch.testing.assert_close(matmul_autotuned(a, b), a @ b, rtol=2e-2 if device.HAS_CUDA else 1e-4,
+                               atol=2e-2 if device.HAS_CUDA else 1e-4)
+    best = matmul_kernel_autotuned.best_config
+    assert any(best.kwargs == c.kwargs and best.num_warps == c.num_warps for c in AUTOTUNE_CONFIGS)
+    assert matmul_autotuned(a[:, :0], b[:0]).abs().sum() == 0
+    with pytest.raises(ValueError, match="inner dimensions"):
+        matmul_autotuned(a, a)
+
+
+def test_autotune_candidates_fit_in_h100_shared_memory():
+    from utils.gpu.hardware import spec
+    from utils.kernels.matmul import AUTOTUNE_CONFIGS
+
+    for c in AUTOTUNE_CONFIGS:
+        k = c.kwargs
+        assert tile_smem_bytes(k["BLOCK_M"], k["BLOCK_N"], k["BLOCK_K"], 2, c.num_stages) <= \
+            spec("H100-SXM").smem_per_block_max_bytes, c

@@ -49,3 +49,19 @@ def test_non_power_of_two_block_size_is_refused():
     cache, seqs = _cache([3], torch.float32, block_size=3)
     with pytest.raises(ValueError, match="power of two"):
         paged_attention_triton(torch.zeros(1, 2, 16, device=device()), cache, seqs)
+
+
+def test_paged_decode_from_tensors_equals_the_cache_entry_point():
+    from utils.kernels.paged_attention import paged_decode
+
+    manual_seed(0)
+    cache = PagedKVCache(num_blocks=12, block_size=4, n_kv_heads=2, head_dim=8, device=device())
+    seqs = [cache.add_sequence() for _ in range(3)]
+    for n, seq in zip((5, 9, 2), seqs):
+        cache.append(seq, torch.randn(n, 2, 8, device=device()), torch.randn(n, 2, 8, device=device()))
+    q = torch.randn(3, 4, 8, device=device())
+    tables, lengths = block_tables_tensor(cache, seqs)
+    torch.testing.assert_close(paged_decode(q, cache.k_blocks, cache.v_blocks, tables, lengths),
+                               paged_attention_triton(q, cache, seqs))
+    with pytest.raises(ValueError, match="tables must be"):
+        paged_decode(q, cache.k_blocks, cache.v_blocks, tables[:2], lengths)

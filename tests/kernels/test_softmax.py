@@ -116,3 +116,57 @@ def test_the_unfused_baseline_moves_exactly_what_the_table_says():
         softmax_unfused(x)
     table = [(r[0] * m * n + r[1] * m, w[0] * m * n + w[1] * m) for _, r, w in UNFUSED_OPS]
     assert count.ops == table
+
+
+# --- the persistent softmax ---------------------------------------------------------------------------
+
+from utils.gpu.hardware import occupancy_report  # noqa: E402
+from utils.kernels.softmax import (INTERPRETER_PROGRAMS, compiled_resources, persistent_programs,  # noqa: E402
+                                   softmax_persistent, softmax_persistent_kernel)
+
+
+@pytest.mark.parametrize("programs", [None, 1, 3, 64])
+@pytest.mark.parametrize("shape", [(1, 1), (5, 7), (13, 1000), (9, 1024)])
+def test_persistent_softmax_matches_torch_whatever_the_grid(shape, programs):
+    """Each program loops over rows p, p + P, ...: every row is written once whatever P is (P > rows too)."""
+    manual_seed(0)
+    x = 3 * torch.randn(*shape, device=device())
+    report: dict = {}
+    torch.testing.assert_close(softmax_persistent(x, programs=programs, report=report), torch.softmax(x, dim=-1))
+    if programs is not None:
+        assert report["programs"] == programs
+    elif INTERPRETER:
+        assert report["programs"] == min(shape[0], INTERPRETER_PROGRAMS) and report["n_regs"] is None
+    else:
+        assert report["n_regs"] > 0 and report["programs"] <= shape[0]
+
+
+def test_persistent_grid_is_the_resident_blocks_of_the_whole_gpu():
+    # 16 warps (512 threads) at 32 registers: warps allow 64 / 16 = 4 blocks per SM, registers
+    # 65536 / (32 * 32 * 16) = 4: four blocks on each of the H100's 132 SMs
+    occ = occupancy_report(512, 32, 0, "H100-SXM")
+    assert occ.active_blocks == 4
+    assert persistent_programs(100_000, 132, occ.active_blocks) == 528
+    assert persistent_programs(300, 132, occ.active_blocks) == 300  # never more programs than rows
+    # 8 warps at 128 registers: 65536 / (128 * 32 * 8) = 2 blocks, bound by registers
+    occ = occupancy_report(256, 128, 0, "H100-SXM")
+    assert (occ.active_blocks, occ.limiter) == (2, "registers")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: persistent_programs(10, 0, 1), "sm_count"),
+    (lambda: persistent_programs(10, 132, 0), "blocks_per_sm"),
+    (lambda: softmax_persistent(torch.ones(2, 3, device=device()), programs=0), "programs"),
+    (lambda: softmax_persistent(torch.ones(2, 3, device=device()), num_stages=0), "num_stages"),
+    (lambda: softmax_persistent(torch.ones(4, 6, device=device()).t()), "contiguous"),
+])
+def test_persistent_softmax_refuses_bad_arguments(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+@pytest.mark.skipif(not INTERPRETER, reason="the interpreter's refusal")
+def test_compiled_resources_need_a_compiler():
+    x = torch.ones(2, 8)
+    with pytest.raises(ValueError, match="interpreter compiles nothing"):
+        compiled_resources(softmax_persistent_kernel, x, x, 8, 8, 2, 8, BLOCK_SIZE=8, NUM_STAGES=1)

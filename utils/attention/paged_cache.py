@@ -167,3 +167,25 @@ class PagedKVCache:
         for block in self._tables.pop(seq_id):
             self._release(block)
         del self._lengths[seq_id]
+
+
+def interleaved_cache(k: torch.Tensor, v: torch.Tensor, block_size: int) -> tuple[PagedKVCache, list[int]]:
+    """A cache holding ``k`` and ``v`` of ``(n_seqs, n_tokens, n_kv_heads, head_dim)``, filled as concurrent
+    decoding fills it: one block of ``block_size`` tokens per sequence in turn, round-robin.
+
+    So sequence ``s`` of ``n`` gets the physical blocks ``s, s + n, s + 2n, ...``: its keys and values are
+    scattered through the pool, as in a serving engine, and nothing in the layout helps a kernel that reads
+    them through the block tables. Returns the cache (on ``k``'s device and dtype) and the sequence ids.
+    """
+    if k.dim() != 4 or v.shape != k.shape:
+        raise ValueError(f"k and v must both be (n_seqs, n_tokens, n_kv_heads, head_dim); got {tuple(k.shape)} "
+                         f"and {tuple(v.shape)}")
+    n_seqs, n_tokens, n_kv_heads, head_dim = k.shape
+    check_positive_int("block_size", block_size)
+    blocks_per_seq = -(-n_tokens // block_size)
+    cache = PagedKVCache(max(1, n_seqs * blocks_per_seq), block_size, n_kv_heads, head_dim, k.dtype, k.device)
+    seqs = [cache.add_sequence() for _ in range(n_seqs)]
+    for start in range(0, n_tokens, block_size):
+        for s, seq in enumerate(seqs):
+            cache.append(seq, k[s, start:start + block_size], v[s, start:start + block_size])
+    return cache, seqs

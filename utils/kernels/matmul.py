@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from utils.device import check_tensors
+from utils.device import INTERPRETER, check_tensors
 from utils.validate import check_element_size, check_nonnegative_int, check_positive_int
 
 # Defaults for fp16 on an H100: the first configuration of the autotuning list in Triton's matmul
@@ -89,6 +89,19 @@ def _check_block(name: str, value: object) -> None:
                          f"tl.dot needs every side >= 16), got {value!r}")
 
 
+def _check_operands(a: torch.Tensor, b: torch.Tensor) -> None:
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"a and b must be 2-D matrices, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"inner dimensions differ: a is {tuple(a.shape)} and b is {tuple(b.shape)}; "
+                         "a @ b needs a.shape[1] == b.shape[0]")
+    if a.dtype != b.dtype:
+        raise ValueError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
+    if a.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"dtype {a.dtype} is not supported; use one of "
+                         f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, block_m: int = DEFAULT_BLOCK_M, block_n: int = DEFAULT_BLOCK_N,
            block_k: int = DEFAULT_BLOCK_K, group_size_m: int = DEFAULT_GROUP_SIZE_M,
            num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
@@ -109,16 +122,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, block_m: int = DEFAULT_BLOCK_M, blo
     ``ceil(M / block_m) * ceil(N / block_n)`` programs.
     """
     check_tensors(a, b)
-    if a.dim() != 2 or b.dim() != 2:
-        raise ValueError(f"a and b must be 2-D matrices, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
-    if a.shape[1] != b.shape[0]:
-        raise ValueError(f"inner dimensions differ: a is {tuple(a.shape)} and b is {tuple(b.shape)}; "
-                         "a @ b needs a.shape[1] == b.shape[0]")
-    if a.dtype != b.dtype:
-        raise ValueError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
-    if a.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"dtype {a.dtype} is not supported; use one of "
-                         f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
+    _check_operands(a, b)
     for name, value in (("block_m", block_m), ("block_n", block_n), ("block_k", block_k)):
         _check_block(name, value)
     check_positive_int("group_size_m", group_size_m)
@@ -137,6 +141,49 @@ def matmul(a: torch.Tensor, b: torch.Tensor, block_m: int = DEFAULT_BLOCK_M, blo
                         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
                         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_SIZE_M=group_size_m,
                         num_warps=num_warps, num_stages=num_stages)
+    return c
+
+
+def _config(bm: int, bn: int, bk: int, stages: int, warps: int) -> triton.Config:
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_SIZE_M": 8},
+                         num_stages=stages, num_warps=warps)
+
+
+AUTOTUNE_CONFIGS: tuple[triton.Config, ...] = (
+    # The eight fp16 configurations of Triton's matmul tutorial (get_cuda_autotune_config, 03-matrix-multiplication.py)...
+    _config(128, 256, 64, 3, 8), _config(64, 256, 32, 4, 4), _config(128, 128, 32, 4, 4), _config(128, 64, 32, 4, 4),
+    _config(64, 128, 32, 4, 4), _config(128, 32, 32, 4, 4), _config(64, 32, 32, 5, 2), _config(32, 64, 32, 5, 2),
+    # ...and two with deeper K-blocks that Hopper's 227 KiB of shared memory can hold.
+    _config(128, 256, 64, 4, 8), _config(256, 128, 64, 3, 8),
+)
+"""Candidates :func:`matmul_autotuned` times on the first call for each (M, N, K). The interpreter gets only
+the first: it would otherwise run every candidate in NumPy, and its timings mean nothing anyway."""
+
+matmul_kernel_autotuned = triton.autotune(
+    configs=list(AUTOTUNE_CONFIGS[:1] if INTERPRETER else AUTOTUNE_CONFIGS), key=["M", "N", "K"])(matmul_kernel)
+""":func:`matmul_kernel` behind ``@triton.autotune``: on the first launch for a new ``(M, N, K)`` it compiles
+and times every configuration (``triton.testing.do_bench``), keeps the fastest in ``.best_config``, and
+launches that one from then on."""
+
+
+def matmul_autotuned(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` like :func:`matmul`, with tiles, warps and stages chosen by :data:`matmul_kernel_autotuned`.
+
+    The first call for a shape is slow (it compiles and times every candidate of :data:`AUTOTUNE_CONFIGS`);
+    ``matmul_kernel_autotuned.best_config`` then names the winner.
+    """
+    check_tensors(a, b)
+    _check_operands(a, b)
+    (m, k), n = a.shape, b.shape[1]
+    if m == 0 or n == 0 or k == 0:
+        return torch.zeros((m, n), dtype=a.dtype, device=a.device)
+    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+
+    def grid(meta: dict) -> tuple[int]:
+        return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+
+    matmul_kernel_autotuned[grid](a, b, c, m, n, k,
+                                  a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
     return c
 
 

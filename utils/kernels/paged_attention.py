@@ -97,15 +97,34 @@ def paged_attention_triton(q: torch.Tensor, cache: PagedKVCache, seq_ids: list[i
         raise ValueError(f"compiled Triton kernels read GPU memory, but q and the cache are on {q.device}: move "
                          "the cache with cache.to('cuda') and q with q.cuda(), or set TRITON_INTERPRET=1")
     tables, lengths = block_tables_tensor(cache, seq_ids)
-    if int(lengths.min()) == 0:
-        raise ValueError("every sequence needs at least one cached token")
+    return paged_decode(q, cache.k_blocks, cache.v_blocks, tables, lengths, sm_scale)
+
+
+def paged_decode(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, tables: torch.Tensor,
+                 lengths: torch.Tensor, sm_scale: float | None = None) -> torch.Tensor:
+    """The kernel launch of :func:`paged_attention_triton`, from tensors an engine keeps on the GPU.
+
+    ``k_blocks``, ``v_blocks``: the pools, ``(num_blocks, block_size, n_kv_heads, head_dim)``;
+    ``tables``: ``(n_seqs, max_blocks)`` int32 physical block numbers; ``lengths``: ``(n_seqs,)`` int32,
+    each >= 1 (unchecked here: reading them would synchronise with the GPU). A serving engine keeps the
+    tables on the device and updates them in place, so a decode step launches this and nothing else; the
+    benchmark times it this way. Returns ``(n_seqs, n_heads, head_dim)``.
+    """
+    if q.dim() != 3 or k_blocks.dim() != 4 or v_blocks.shape != k_blocks.shape:
+        raise ValueError(f"q must be (n_seqs, n_heads, head_dim) and both pools (num_blocks, block_size, "
+                         f"n_kv_heads, head_dim); got {tuple(q.shape)}, {tuple(k_blocks.shape)}, "
+                         f"{tuple(v_blocks.shape)}")
+    _, block_size, n_kv_heads, head_dim = k_blocks.shape
+    if tables.dim() != 2 or tables.shape[0] != q.shape[0] or lengths.shape != (q.shape[0],):
+        raise ValueError(f"tables must be (n_seqs, max_blocks) and lengths (n_seqs,) with n_seqs = {q.shape[0]}; "
+                         f"got {tuple(tables.shape)} and {tuple(lengths.shape)}")
     q = q.contiguous()
     out = torch.empty_like(q)
-    k, v = cache.k_blocks, cache.v_blocks
-    scale = 1 / math.sqrt(cache.head_dim) if sm_scale is None else sm_scale
+    scale = 1 / math.sqrt(head_dim) if sm_scale is None else sm_scale
     _paged_decode_kernel[(q.shape[0], q.shape[1])](
-        q, k, v, out, tables, lengths, scale,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), tables.stride(0), q.shape[1] // cache.n_kv_heads,
-        HEAD_DIM=cache.head_dim, BLOCK_SIZE=cache.block_size)
+        q, k_blocks, v_blocks, out, tables, lengths, scale,
+        q.stride(0), q.stride(1), k_blocks.stride(0), k_blocks.stride(1), k_blocks.stride(2),
+        v_blocks.stride(0), v_blocks.stride(1), v_blocks.stride(2),
+        out.stride(0), out.stride(1), tables.stride(0), q.shape[1] // n_kv_heads,
+        HEAD_DIM=head_dim, BLOCK_SIZE=block_size)
     return out

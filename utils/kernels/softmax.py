@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from utils.device import check_tensors
+from utils.device import INTERPRETER, check_tensors
 from utils.validate import check_element_size, check_nonnegative_int, check_positive_int
 
 MAX_N_COLS = 2**16
@@ -137,3 +137,107 @@ def softmax_nbytes(n_rows: int, n_cols: int, element_size: int, fused: bool = Tr
     else:
         elements = sum(a * m * n + b * m for _, read, write in UNFUSED_OPS for a, b in (read, write))
     return elements * element_size
+
+
+# --- A persistent softmax: a grid sized from the compiled kernel's registers and shared memory ---------------
+
+INTERPRETER_PROGRAMS = 4
+"""Programs :func:`softmax_persistent` launches under Triton's interpreter, which compiles nothing and so
+has no register or shared-memory count to size a grid from; four are enough to exercise the row loop."""
+
+
+@triton.jit
+def softmax_persistent_kernel(out_ptr, in_ptr, in_row_stride, out_row_stride, n_rows, n_cols,
+                              BLOCK_SIZE: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """Program ``p`` of ``P`` writes rows ``p, p + P, p + 2P, ...``: the grid is as large as the GPU holds at
+    once, and each program loops over rows instead of ending after one (``tl.range`` software-pipelines the
+    loop, so the next row's load is issued while this one is computed)."""
+    first = tl.program_id(axis=0)
+    step = tl.num_programs(axis=0)
+    cols = tl.arange(0, BLOCK_SIZE)
+    mask = cols < n_cols
+    for row in tl.range(first, n_rows, step, num_stages=NUM_STAGES):
+        x = tl.load(in_ptr + row * in_row_stride + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        z = x - tl.max(x, axis=0)
+        numerator = tl.exp(z)
+        y = numerator / tl.sum(numerator, axis=0)
+        tl.store(out_ptr + row * out_row_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def persistent_programs(n_rows: int, sm_count: int, blocks_per_sm: int) -> int:
+    """Programs of a persistent launch: one per block the GPU keeps resident, ``sm_count * blocks_per_sm``,
+    and never more than there are rows (Triton tutorial ``02-fused-softmax.py``: ``num_programs =
+    min(NUM_SM * occupancy, n_rows)``). ``blocks_per_sm`` comes from :func:`utils.gpu.hardware.occupancy_report`
+    with the compiled kernel's registers per thread and shared memory per block."""
+    check_nonnegative_int("n_rows", n_rows)
+    check_positive_int("sm_count", sm_count)
+    check_positive_int("blocks_per_sm", blocks_per_sm)
+    return min(n_rows, sm_count * blocks_per_sm)
+
+
+def compiled_resources(kernel, *args, grid: tuple[int, ...] = (1,), **meta) -> tuple[int, int]:
+    """``(registers per thread, shared memory bytes per block)`` of ``kernel`` compiled for these arguments.
+
+    ``JITFunction.warmup`` compiles without launching; the compiled kernel's ``n_regs`` is what ptxas
+    allocated and ``metadata.shared`` what the kernel asks for at launch (both are also in the cubin that
+    ``cuobjdump --dump-resource-usage`` reads). Needs a GPU: the interpreter compiles nothing.
+    """
+    if INTERPRETER:
+        raise ValueError("Triton's interpreter compiles nothing, so there are no registers to count; "
+                         "run on a GPU, or pass the grid yourself")
+    compiled = kernel.warmup(*args, grid=grid, **meta)
+    compiled._init_handles()  # loads the cubin, which fills in n_regs
+    return int(compiled.n_regs), int(compiled.metadata.shared)
+
+
+def softmax_persistent(x: torch.Tensor, num_stages: int = 2, programs: int | None = None,
+                       report: dict | None = None) -> torch.Tensor:
+    """Softmax of each row of a 2-D tensor by :func:`softmax_persistent_kernel`, on a persistent grid.
+
+    The grid is :func:`persistent_programs` with ``blocks_per_sm`` from the occupancy calculator
+    (:func:`utils.gpu.hardware.occupancy_report`) fed with the compiled kernel's registers and shared
+    memory (:func:`compiled_resources`): as many programs as the SMs hold at once, each looping over rows.
+    ``programs`` overrides the grid (required in effect under the interpreter, which uses
+    :data:`INTERPRETER_PROGRAMS`). If ``report`` is a dict, it receives ``programs``, ``n_regs``,
+    ``shared_bytes``, ``blocks_per_sm`` and ``limiter``. Same inputs and output as :func:`softmax`.
+    """
+    check_tensors(x)
+    _check_matrix(x)
+    if not x.is_contiguous():
+        raise ValueError("x must be contiguous; call .contiguous() first")
+    check_positive_int("num_stages", num_stages)
+    n_rows, n_cols = x.shape
+    if not 1 <= n_cols <= MAX_N_COLS:
+        raise ValueError(f"rows must have 1 to {MAX_N_COLS} columns to fit in one program, got {n_cols}")
+    y = torch.empty_like(x)
+    if n_rows == 0:
+        return y
+    block_size = triton.next_power_of_2(n_cols)
+    num_warps = num_warps_for(block_size)
+    args = (y, x, x.stride(0), y.stride(0), n_rows, n_cols)
+    meta = dict(BLOCK_SIZE=block_size, NUM_STAGES=num_stages, num_warps=num_warps)
+    info: dict = {"n_regs": None, "shared_bytes": None, "blocks_per_sm": None, "limiter": None}
+    if programs is not None:
+        check_positive_int("programs", programs)
+    elif INTERPRETER:
+        programs = min(n_rows, INTERPRETER_PROGRAMS)
+    else:
+        from utils.gpu.hardware import occupancy_report, spec_for_device
+
+        n_regs, shared = compiled_resources(softmax_persistent_kernel, *args, **meta)
+        props = torch.cuda.get_device_properties(x.device)
+        chip = spec_for_device(props.name)
+        if chip is not None:
+            occ = occupancy_report(32 * num_warps, n_regs, shared, chip.name)
+            blocks, limiter = occ.active_blocks, occ.limiter
+        else:  # a GPU the calculator does not know: the tutorial's two limits, from the driver's properties
+            by_regs = props.regs_per_multiprocessor // (n_regs * 32 * num_warps)
+            by_smem = props.shared_memory_per_multiprocessor // shared if shared else by_regs
+            blocks, limiter = max(1, min(by_regs, by_smem)), "registers" if by_regs <= by_smem else "shared memory"
+        programs = persistent_programs(n_rows, props.multi_processor_count, blocks)
+        info.update(n_regs=n_regs, shared_bytes=shared, blocks_per_sm=blocks, limiter=limiter)
+    info["programs"] = programs
+    if report is not None:
+        report.update(info)
+    softmax_persistent_kernel[(programs,)](*args, **meta)
+    return y
