@@ -14,15 +14,17 @@ checked against its reference before it is timed with ``triton.testing.do_bench`
 It prints the header (GPU, driver's name, date, versions, peaks) and one table, and
 records both as JSON with a roofline of every kernel (``<gpu>-roofline.png``).
 
-Collectives need several processes: run ``torchrun -m benchmarks.ring_all_reduce`` (and
-the other multi-process scripts in ``benchmarks/README.md``) on a machine with several GPUs.
+On a machine with two GPUs or more it ends with :mod:`benchmarks.collectives`: all-reduce,
+all-gather and reduce-scatter over every GPU (NCCL), as bus bandwidth against NVLink. The
+other multi-process scripts (``torchrun -m benchmarks.ring_all_reduce`` and those in
+``benchmarks/README.md``) compare the book's own implementations with the library's.
 """
 
 from __future__ import annotations
 
 import sys
 
-from benchmarks import attention, gpu_architecture
+from benchmarks import attention, collectives, gpu_architecture
 from benchmarks.common import Result, run
 from utils.gpu.hardware import GpuSpec
 
@@ -38,8 +40,9 @@ both ways). The recorded softmax rows also predate the harness's move to inputs 
 
 
 def cases(on_gpu: bool, quick: bool, gpu: GpuSpec | None) -> list[Result]:
-    """Part 1's cases, then part 3's."""
-    return gpu_architecture.cases(on_gpu, quick, gpu) + attention.cases(on_gpu, quick, gpu)
+    """Part 1's cases, then part 3's, then the collectives (with two GPUs or more)."""
+    return (gpu_architecture.cases(on_gpu, quick, gpu) + attention.cases(on_gpu, quick, gpu)
+            + collectives.cases(on_gpu, quick, gpu))
 
 
 def main(argv: list[str] | None = None) -> int:
