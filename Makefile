@@ -1,7 +1,8 @@
 # The book's commands. Each one creates .venv and installs what it needs first.
 #   make book            build the HTML book into _build/html from the notebooks' stored outputs
 #                        (the outputs that `make test` has just checked against a fresh run)
-#   make book EXECUTE=1  execute every notebook first (jupyter-cache), then build _build/html
+#   make book EXECUTE=1  execute every notebook first (myst-nb's jupyter-cache client, JOBS at a time),
+#                        then build _build/html from the cache
 #   make test            unit tests, nbval over every notebook, and `make book` with warnings as errors
 #   make lab             JupyterLab in the book's environment
 #   make execute         re-execute every notebook in place, so stored outputs are fresh
@@ -40,15 +41,22 @@ $(MATHJAX)/tex-mml-chtml.js: $(STAMP)
 		cp -r $$src/tex-mml-chtml.js $$src/output $$src/input $$src/ui $$src/a11y $$src/adaptors $(MATHJAX)/
 
 # _config.yml builds from the stored outputs (execute_notebooks: "off"). EXECUTE=1 builds with a copy
-# of it that executes every notebook through jupyter-cache (what changed since the last executed
-# build), each cell failing after CELL_TIMEOUT seconds. Cells tagged skip-execution (the live
-# widgets, which need a kernel and are removed from the HTML anyway) are not run: see README, "Why
-# the live-widget cells are not executed by the book build".
+# of it that says `cache`: myst-nb executes every notebook not yet in _build/.jupyter_cache through
+# jupyter-cache and nbclient, each cell failing after CELL_TIMEOUT seconds. Sphinx does that one
+# notebook at a time, so first .ci/execute_cache.py runs myst-nb's same cache client on the
+# notebooks, JOBS at a time, with the settings read from that same copy; the build then finds
+# every notebook in the cache ("Using cached notebook") and only renders. A cell error, a cell
+# past CELL_TIMEOUT or a dead kernel stops make there, naming the notebook. Cells tagged
+# skip-execution (the live widgets, which need a kernel and are removed from the HTML anyway) are
+# not run: see README, "Why the live-widget cells are not executed by the book build".
 BOOK_CONFIG := _build/config/$(if $(filter 1,$(EXECUTE)),execute,stored).yml
 book: $(STAMP) $(MATHJAX)/tex-mml-chtml.js
 	mkdir -p _build/config
 	sed -e 's/^\(  *execute_notebooks:\).*/\1 $(if $(filter 1,$(EXECUTE)),cache,"off")/' \
 		-e 's/^\(  *timeout:\).*/\1 $(CELL_TIMEOUT)/' _config.yml > $(BOOK_CONFIG)
+ifeq ($(EXECUTE),1)
+	$(BIN)/python .ci/execute_cache.py --config $(BOOK_CONFIG) --build-dir _build --jobs $(JOBS) $(NOTEBOOKS)
+endif
 	$(BIN)/jupyter-book build . --config $(BOOK_CONFIG) --path-output . -W --keep-going
 	@echo "Open _build/html/index.html"
 
