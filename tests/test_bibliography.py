@@ -28,10 +28,7 @@ ARXIV = re.compile(r"arXiv:(\d{4}\.\d{4,5})")
 # Papers a chapter names by arXiv id that it does not cite yet, with the page. Only for pages that
 # this branch could not edit; the test below fails as soon as one of them is cited, so that the
 # entry is removed from here at the same time.
-NOT_YET_CITED = {
-    "2301.03598": "chapters/01-gpu-architecture/06-tensor-cores.ipynb",  # Stream-K
-    "2402.13499": "chapters/01-gpu-architecture/06-tensor-cores.ipynb",  # Hopper microbenchmarks
-}
+NOT_YET_CITED: dict[str, str] = {}
 
 # The primary sources the book teaches from (issue 13), by arXiv id where they have one.
 REQUIRED_ARXIV = {
