@@ -99,3 +99,15 @@ def test_bad_input_raises(bad):
         tc.cluster_tile_intensity(128, 128, 2, cluster_m=bad)
     with pytest.raises(ValueError):
         tc.tensor_core_peak_flops("H100")
+
+
+def test_the_matmul_guides_wave_example_on_an_a100():
+    """NVIDIA, Matrix Multiplication Background User's Guide (DU-09799-001), section 3.2 "Wave Quantization":
+    an A100 has 108 SMs; with 256 x 128 tiles, one thread block per SM, a wave holds 108 tiles (M = 2304,
+    K = 4096, N varied). Figures as quoted second-hand (the guide's figures are images)."""
+    from utils.gpu.tensor_cores import n_tiles, wave_quantization_efficiency, waves
+
+    assert n_tiles(2304, 1536, 256, 128) == 108 and waves(108, 108) == 1
+    assert wave_quantization_efficiency(108, 108) == 1.0
+    assert n_tiles(2304, 1664, 256, 128) == 117 and waves(117, 108) == 2  # one more column of tiles: a second wave
+    assert wave_quantization_efficiency(117, 108) == pytest.approx(117 / 216)

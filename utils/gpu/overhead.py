@@ -40,9 +40,9 @@ REGIMES = ("compute", "memory", "overhead")
 
 CUDA_GRAPHS_SOURCE = ("A. Gray, \"Getting Started with CUDA Graphs\", NVIDIA Technical Blog, 2019 "
                 "(developer.nvidia.com/blog/cuda-graphs): 20 launches of a short kernel per step, 1,000 steps, "
-                "time per kernel measured on the CPU wall clock. Figures as quoted by two independent copies of "
-                "the post; the post itself, and the GPU it names, could not be read from the environment "
-                "that wrote this table")
+                "time per kernel measured on the CPU wall clock, on a Tesla V100 (SXM2 16 GB) with CUDA 10.1 "
+                "(\"we are running on an NVIDIA Tesla V100 GPU using CUDA 10.1\"). Figures as quoted verbatim by "
+                "two independent copies of the post")
 """Where :data:`CUDA_GRAPHS_BLOG` comes from, and how it was checked."""
 CUDA_GRAPHS_BLOG = MappingProxyType({
     "kernel_seconds": Published(

@@ -1,6 +1,6 @@
 """Bytes of FSDP's variants: hybrid sharding (HSDP) and FSDP2's mixed-precision policy.
 
-**HSDP** (Zhao et al., "PyTorch FSDP", VLDB 2023, arXiv:2304.11277, section 3.2, hybrid
+**HSDP** (Zhao et al., "PyTorch FSDP", VLDB 2023, arXiv:2304.11277, section 3.2.2, hybrid
 sharding; FSDP1's ``ShardingStrategy.HYBRID_SHARD``, FSDP2's ``fully_shard`` with a 2-D
 ``DeviceMesh``, placements ``(Replicate(), Shard(0))``): the ``N`` GPUs form ``R = N / G``
 groups of ``G`` (one node each). Each group is a full ZeRO-3 copy of the model, so a GPU
