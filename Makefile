@@ -23,7 +23,7 @@ NOTEBOOKS := $(shell find chapters labs -name '*.ipynb' -not -path '*/.ipynb_che
 export OMP_NUM_THREADS ?= 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: setup book test unit nbval lab execute book-repeat clean
+.PHONY: setup book test unit nbval lab execute book-repeat clean links browser
 MATHJAX := _mathjax/mathjax
 
 $(STAMP): requirements.txt pyproject.toml
@@ -61,6 +61,7 @@ endif
 	@echo "Open _build/html/index.html"
 
 test: unit nbval book
+	$(MAKE) links browser
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests -n $(JOBS) -q
@@ -82,6 +83,20 @@ execute: $(STAMP)
 # Repeat the executed build from a clean _build and report stalls (.ci/repeat_book.py).
 book-repeat: $(STAMP)
 	$(BIN)/python .ci/repeat_book.py --runs $(RUNS)
+
+# Offline check of the built HTML: every internal link and anchor resolves, no asset from another host.
+links: $(STAMP)
+	$(BIN)/python -m tests.book.site_links _build/html
+
+# The browser suite over the built book (make book first): Debian's Chromium, driven by Playwright,
+# with every request to another host aborted. Installs chromium with apt-get when it is missing.
+CHROMIUM ?= /usr/bin/chromium
+$(CHROMIUM):
+	$(if $(filter 0,$(shell id -u)),,sudo) apt-get update -qq
+	$(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -qq chromium
+
+browser: $(STAMP) $(CHROMIUM)
+	BOOK_HTML=_build/html CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests/book -q -p no:cacheprovider
 
 clean:
 	rm -rf _build $(MATHJAX)

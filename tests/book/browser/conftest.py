@@ -1,0 +1,150 @@
+"""Fixtures of the browser suite: Debian's Chromium driven by Playwright, offline, over a local server.
+
+``BOOK_HTML`` (the built site, e.g. ``_build/html``; ``make browser`` sets it) turns on the tests of
+the built book; without it they are skipped. The tests of the checks themselves need only the
+browser: they run wherever Chromium and Playwright are installed, and are skipped elsewhere (in
+``make unit`` on a fresh machine). With ``BOOK_HTML`` set, a missing browser is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+# This machine's network is closed: without these flags Chromium's background services try
+# other hosts and log refused connections.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+LOCAL_HOSTS = {"127.0.0.1", "localhost"}
+
+
+def book_root() -> Path | None:
+    """The built site named by ``BOOK_HTML``, or None when the variable is unset."""
+    value = os.environ.get("BOOK_HTML")
+    if not value:
+        return None
+    root = Path(value).resolve()
+    if not (root / "index.html").is_file():
+        raise ValueError(f"BOOK_HTML={value} holds no index.html; build the book first (make book)")
+    return root
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("BOOK_HTML"):
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    """Headless Chromium from Debian's package (Playwright's own download is not used)."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _unavailable("playwright is not installed: pip install -r requirements.txt")
+    if not Path(CHROMIUM).is_file():
+        _unavailable(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (make browser does)")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base class's name)
+        pass
+
+
+@pytest.fixture(scope="session")
+def site() -> Iterator[tuple[Path, str]]:
+    """(root, base URL) of the built book, served on a free localhost port for the session."""
+    root = book_root()
+    if root is None:
+        pytest.skip("BOOK_HTML is not set: make browser sets it to the built book")
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+@dataclass
+class PageLog:
+    """What went wrong while a page loaded: console errors, failed requests, requests to other hosts."""
+
+    console_errors: list[str] = field(default_factory=list)
+    failed_requests: list[str] = field(default_factory=list)
+    offsite_requests: list[str] = field(default_factory=list)
+
+    def problems(self) -> list[str]:
+        return (
+            [f"request to another host (aborted): {u}" for u in self.offsite_requests]
+            + [f"failed request: {r}" for r in self.failed_requests]
+            + [f"console error: {e}" for e in self.console_errors]
+        )
+
+
+@pytest.fixture(scope="session")
+def context(browser: object) -> Iterator[object]:
+    """One browser context (a 1280x900 window) for the session."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    yield context
+    context.close()
+
+
+@pytest.fixture
+def open_page(context: object) -> Iterator[object]:
+    """``open_page(url) -> (page, PageLog)``: load ``url`` offline, logging what goes wrong.
+
+    Every request to a host other than localhost is aborted and logged, so a page that would
+    wait on another host fails. The log keeps filling while the test works the page.
+    """
+    pages = []
+
+    def load(url: str) -> tuple[object, PageLog]:
+        log = PageLog()
+        page = context.new_page()
+        pages.append(page)
+
+        def route(request_route: object) -> None:
+            url = request_route.request.url
+            if urlsplit(url).hostname in LOCAL_HOSTS:
+                request_route.continue_()
+            else:
+                log.offsite_requests.append(url)
+                request_route.abort("internetdisconnected")
+
+        page.route("**/*", route)
+        page.on("console", lambda m: m.type == "error" and log.console_errors.append(m.text))
+        page.on("pageerror", lambda e: log.console_errors.append(f"uncaught {e}"))
+        page.on("requestfailed", lambda r: log.failed_requests.append(f"{r.url} ({r.failure})"))
+        page.on(
+            "response",
+            lambda r: r.status >= 400 and log.failed_requests.append(f"{r.url} (HTTP {r.status})"),
+        )
+        page.goto(url, wait_until="load")
+        page.wait_for_load_state("networkidle")
+        return page, log
+
+    yield load
+    for page in pages:
+        page.close()

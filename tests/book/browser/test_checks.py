@@ -1,0 +1,77 @@
+"""The widget check itself, on fixture pages of the kernel-free widget contract (no built book needed)."""
+
+from __future__ import annotations
+
+import base64
+import struct
+import zlib
+
+from tests.book.browser.checks import check_images, check_widgets
+
+
+def png_data_uri(rgb: tuple[int, int, int]) -> str:
+    """A 1x1 PNG of colour ``rgb`` as a data: URI (a frame of a fixture widget)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    png = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(b"\x00" + bytes(rgb)))
+        + chunk(b"IEND", b"")
+    )
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+FRAMES = [png_data_uri((40 * k, 0, 255 - 40 * k)) for k in range(6)]
+
+
+def widget(wired: bool = True, frames: str = "6", img: bool = True) -> str:
+    """One widget of the contract: a 3-step range and a 2-option select over 6 frames."""
+    script = (
+        "<script>(() => { const root = document.currentScript.parentElement;"
+        f" const frames = {FRAMES!r};"
+        " const img = root.querySelector('img.viz-explore-frame');"
+        " const r = root.querySelector('[data-control=n]'), s = root.querySelector('[data-control=gpu]');"
+        " const draw = () => { img.src = frames[Number(r.value) * 2 + s.selectedIndex]; };"
+        " root.querySelectorAll('[data-control]').forEach(c => c.addEventListener('input', draw));"
+        " })();</script>"
+        if wired
+        else ""
+    )
+    image = f'<img class="viz-explore-frame" src="{FRAMES[0]}">' if img else ""
+    return (
+        f'<div class="viz-explore" data-frames="{frames}">'
+        '<input type="range" data-control="n" min="0" max="2" step="1" value="0">'
+        '<select data-control="gpu"><option>A100</option><option>H100</option></select>'
+        f"{image}{script}</div>"
+    )
+
+
+def test_a_working_widget_passes(browser: object) -> None:
+    page = browser.new_page()
+    page.set_content(f"<html><body>{widget()}{widget()}</body></html>")
+    assert check_widgets(page) == []
+    assert check_images(page) == []
+    page.close()
+
+
+def test_broken_widgets_are_reported(browser: object) -> None:
+    page = browser.new_page()
+    page.set_content(
+        "<html><body>"
+        + widget(wired=False)  # moving a control draws nothing new
+        + widget(frames="many")  # data-frames not a number
+        + widget(img=False)  # no frame image
+        + '<div class="viz-explore" data-frames="1"><img class="viz-explore-frame" '
+        f'src="{FRAMES[0]}"></div>'  # no control
+        + "</body></html>"
+    )
+    problems = check_widgets(page)
+    assert any(p.startswith("widget 1 control 'n':") and "did not change" in p for p in problems), problems
+    assert any(p.startswith("widget 2: data-frames='many'") for p in problems), problems
+    assert any(p.startswith("widget 3: 0 img.viz-explore-frame") for p in problems), problems
+    assert any(p.startswith("widget 4: no control") for p in problems), problems
+    assert len(problems) == 4, problems
+    page.close()
