@@ -31,7 +31,7 @@ GENERIC = {
     "nan": "NaN or inf where a finite number is expected: an overflow (exp of a large number?) or 0 / 0.",
     "zeros": "your result is all zeros: was anything written (stored, returned, accumulated) at all?",
     "sign": "the sign is flipped: a subtraction the wrong way round, or a missing minus?",
-    "scaled": "the same factor everywhere: a missing or extra scale (a mean instead of a sum, a missing divide?).",
+    "scaled": "a missing or extra scale factor: a mean instead of a sum, a missing divide, gamma or 1/sqrt(d)?",
     "row_scaled": "each row is off by its own factor: a missing normalisation per row?",
     "tail": "only the last elements differ: the boundary (the last, partial block, its mask) needs care.",
     "some": "only some elements differ: an indexing, masking or off-by-one mistake near those elements?",
@@ -87,6 +87,29 @@ MISTAKES: dict[str, dict[str, str]] = {
     },
 }
 """Per lab, the usual cause of each pattern of :func:`diagnose`: the common mistakes of that lab."""
+
+
+SEEN = {
+    "none": "nothing came back",
+    "shape": "the shapes differ",
+    "transposed": "it is the transpose of the expected result",
+    "nan": "NaN or inf appears",
+    "zeros": "it is all zeros",
+    "sign": "it is minus the expected result",
+    "scaled": "every differing element is off by the same factor",
+    "row_scaled": "each row is off by its own factor",
+    "tail": "only the last elements differ",
+    "some": "only some elements differ",
+}
+"""How each pattern of :func:`diagnose` shows, said before a lab's meaning of it."""
+
+
+def _factor_words(ratio: float) -> str:
+    """'about half', 'about twice', ... for a ratio actual / expected."""
+    for value, words in ((0.5, "about half"), (2.0, "about twice"), (0.25, "about a quarter"), (4.0, "about four times")):
+        if abs(ratio - value) <= 0.02 * value:
+            return words
+    return f"{ratio:.3g} times"
 
 
 class CheckFailed(AssertionError):
@@ -228,8 +251,18 @@ def hint_for(actual: Any, expected: Any, rtol: float | None = None, atol: float 
         return where + GENERIC["none"], "none"
     if not isinstance(a, torch.Tensor):
         return f"{where}got a {type(a).__name__}, expected a tensor.", None
-    meaning = (MISTAKES.get(lab, {}).get(pattern) or GENERIC[pattern]) if pattern else ""
-    return f"{where}{_describe(a, e, rtol, atol)}\nHint: {meaning}".rstrip(), pattern
+    if pattern is None:
+        return f"{where}{_describe(a, e, rtol, atol)}", None
+    specific = MISTAKES.get(lab, {}).get(pattern)
+    seen = SEEN[pattern]
+    if pattern == "scaled":
+        a64, e64 = a.detach().double().cpu(), e.detach().double().cpu()
+        usable = ~torch.isclose(a64, e64, rtol=rtol, atol=atol) & (e64.abs() > atol)
+        seen += f", {_factor_words(float((a64[usable] / e64[usable]).median()))} the expected value"
+    if pattern == "scaled":
+        specific = specific or GENERIC["scaled"]
+    meaning = f"{seen}: {specific}" if specific else GENERIC[pattern]
+    return f"{where}{_describe(a, e, rtol, atol)}\nHint: {meaning}", pattern
 
 
 def assert_close(actual: Any, expected: Any, *, rtol: float | None = None, atol: float | None = None,
