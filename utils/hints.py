@@ -49,6 +49,39 @@ MISTAKES: dict[str, dict[str, str]] = {
         "scaled": "is the K loop covering all of K (range(0, tl.cdiv(K, BLOCK_K)))?",
         "transposed": "check which stride goes with which index: stride_bk, stride_bn.",
     },
+    "ring-all-reduce": {
+        "scaled": "each chunk must be added n - 1 times (reduce-scatter), then sent round n - 1 times (all-gather).",
+        "some": "the chunk indices: at step s rank r sends chunk (r - s) mod n and receives chunk (r - s - 1) mod n.",
+        "tail": "the last chunk is shorter when the length is not a multiple of n: split with torch.tensor_split.",
+    },
+    "ddp": {
+        "scaled": "average, not sum: divide the all-reduced gradient by the world size.",
+        "some": "every parameter's gradient must be reduced, each exactly once, before the optimizer step.",
+    },
+    "zero": {
+        "scaled": "average the gradient: reduce-scatter, then divide by the world size.",
+        "some": "each rank updates only its own slice, then the slices are all-gathered into every parameter.",
+    },
+    "tensor-parallel": {
+        "scaled": "a missing or extra all-reduce: f reduces in backward, g in forward (off by a factor t).",
+        "some": "slice by rank: column-parallel splits the output rows of W, row-parallel its input columns.",
+    },
+    "pipeline": {
+        "scaled": "each micro-batch's loss is divided by m, so the gradients sum to the full batch's mean.",
+        "some": "a stage must receive its input (or its output's gradient) before it runs that micro-batch.",
+    },
+    "activation-checkpointing": {
+        "some": "restore the RNG state before recomputing the forward, so dropout draws the same mask.",
+        "zeros": "backward must return the gradients of the inputs (None for run and n_inputs).",
+    },
+    "loss-scaling": {
+        "scaled": "unscale the gradients (divide by the scale) before checking them and stepping.",
+        "nan": "on inf or NaN skip the step and halve the scale; never step with such a gradient.",
+    },
+    "paged-kv-cache": {
+        "some": "a block's slot for token t is t % block_size in block block_table[t // block_size].",
+        "row_scaled": "the softmax runs over all the sequence's keys, across its blocks, not per block.",
+    },
     "rmsnorm-swiglu-rope": {
         "row_scaled": "the 1/rms factor: the mean of x^2 over the real n_cols (not BLOCK_SIZE), plus eps, then rsqrt.",
         "tail": "mask the lanes past n_cols in the load (other=0) and in the store.",
