@@ -82,3 +82,10 @@ def test_an_unknown_lab_is_refused():
 def test_every_lab_hint_belongs_to_a_known_pattern():
     for lab, table in hints.MISTAKES.items():
         assert set(table) <= set(hints.GENERIC), f"{lab}: {set(table) - set(hints.GENERIC)}"
+
+
+def test_a_single_wrong_number_gets_how_far_off_but_no_pattern():
+    with pytest.raises(hints.CheckFailed) as info:
+        hints.assert_close(torch.tensor(0.75), torch.tensor(0.5), lab="post-training-dpo")
+    assert info.value.pattern is None
+    assert str(info.value).startswith("the value is 0.75, expected 0.5 (off by 0.25, 1.5 times the expected value)")
