@@ -6,6 +6,7 @@
 #   make lab             JupyterLab in the book's environment
 #   make execute         re-execute every notebook in place, so stored outputs are fresh
 #   make book-repeat     `make book EXECUTE=1` RUNS times from a clean _build, reporting any stall
+#   make student         the student edition of the labs (no solutions) in _build/student/labs
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -74,6 +75,14 @@ execute: $(STAMP)
 # Repeat the executed build from a clean _build and report stalls (.ci/repeat_book.py).
 book-repeat: $(STAMP)
 	$(BIN)/python .ci/repeat_book.py --runs $(RUNS)
+
+# The labs without their solution cells (tagged `solution`), outputs cleared, same tree: a reader's
+# "Run All" then stops at the first check, with a hint, instead of overwriting their work.
+.PHONY: student
+student: $(STAMP)
+	rm -rf _build/student
+	$(BIN)/python -m utils.student_edition --out _build/student
+	@echo "Open _build/student/labs in JupyterLab: make lab, or $(BIN)/jupyter lab _build/student/labs"
 
 clean:
 	rm -rf _build $(MATHJAX)

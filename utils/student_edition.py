@@ -29,6 +29,7 @@ import argparse
 import ast
 import copy
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,8 +145,14 @@ def _given_and_stub(nb: dict, exercise: Exercise, used_later: set[str]) -> tuple
     return given, "\n\n\n".join(stubs)
 
 
-def _new_cell(cell_type: str, source: str, tags: list[str], cell_id: str) -> dict:
-    cell = {"cell_type": cell_type, "id": cell_id[:64], "metadata": {"tags": tags} if tags else {}, "source": source}
+def _new_cell(cell_type: str, source: str, tags: list[str], role: str, label: str, with_id: bool) -> dict:
+    """A cell the student edition adds; ``metadata.student_edition`` says which exercise and what for."""
+    metadata: dict = {"tags": tags} if tags else {}
+    metadata["student_edition"] = {"role": role, "exercise": label}
+    cell = {"cell_type": cell_type, "metadata": metadata, "source": source}
+    if with_id:  # nbformat >= 4.5 requires cell ids
+        slug = "".join(c if c.isalnum() or c in "-_" else "-" for c in label)
+        cell["id"] = f"student-{role}-{slug}"[:64]
     if cell_type == "code":
         cell.update(execution_count=None, outputs=[])
     return cell
@@ -164,13 +171,13 @@ def student_notebook(nb: dict) -> dict:
             if cells[k]["cell_type"] == "code" and k not in in_block:
                 used_later |= _names_used(_source(cells[k]))
         given, stub = _given_and_stub(nb, e, used_later)
-        slug = "".join(c if c.isalnum() or c in "-_" else "-" for c in e.label)
+        with_id = (nb.get("nbformat"), nb.get("nbformat_minor", 0)) >= (4, 5)
         new = []
         if stub:
-            new.append(_new_cell("code", stub, ["your-turn"], f"student-stub-{slug}"))
-        new.append(_new_cell("markdown", YOUR_TURN.format(label=e.label), [], f"student-your-turn-{slug}"))
+            new.append(_new_cell("code", stub, [], "stub", e.label, with_id))
+        new.append(_new_cell("markdown", YOUR_TURN.format(label=e.label), [], "your-turn", e.label, with_id))
         if given:
-            new.append(_new_cell("code", given, [GIVEN_TAG], f"student-given-{slug}"))
+            new.append(_new_cell("code", given, [GIVEN_TAG], "given", e.label, with_id))
         replacement[e.start] = new
     out: list[dict] = []
     for k, cell in enumerate(cells):
@@ -208,7 +215,10 @@ def labs(root: Path = ROOT) -> list[Path]:
 
 
 def build(out: Path, root: Path = ROOT) -> list[Path]:
-    """Write the student edition of every lab under ``out`` (same tree: ``out/labs/NN-part/NN-name.ipynb``)."""
+    """Write the student edition of every lab under ``out`` (same tree: ``out/labs/NN-part/NN-name.ipynb``).
+
+    ``out/chapters`` becomes a link to the book's chapters, so the labs' links to them work.
+    """
     written = []
     for path in labs(root):
         target = out / path.relative_to(root)
@@ -216,6 +226,9 @@ def build(out: Path, root: Path = ROOT) -> list[Path]:
         nb = student_notebook(json.loads(path.read_text()))
         target.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
         written.append(target)
+    chapters = out / "chapters"  # the labs link to ../../chapters/...: keep those links working
+    if not chapters.exists() and not chapters.is_symlink():
+        chapters.symlink_to(os.path.relpath(root / "chapters", out), target_is_directory=True)
     return written
 
 
