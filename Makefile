@@ -3,10 +3,12 @@
 #                        (the outputs that `make test` has just checked against a fresh run)
 #   make book EXECUTE=1  execute every notebook first (myst-nb's jupyter-cache client, JOBS at a time),
 #                        then build _build/html from the cache
-#   make test            unit tests, nbval over every notebook, and `make book` with warnings as errors
+#   make test            unit tests, nbval over every notebook, `make book` with warnings as errors,
+#                        then `make links` and `make browser` over the built book
 #   make lab             JupyterLab in the book's environment
 #   make execute         re-execute every notebook in place, so stored outputs are fresh
 #   make book-repeat     `make book EXECUTE=1` RUNS times from a clean _build, reporting any stall
+#   make student         the student edition of the labs (no solutions) in _build/student/labs
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -97,6 +99,14 @@ $(CHROMIUM):
 
 browser: $(STAMP) $(CHROMIUM)
 	BOOK_HTML=_build/html CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests/book -q -p no:cacheprovider
+
+# The labs without their solution cells (tagged `solution`), outputs cleared, same tree: a reader's
+# "Run All" then stops at the first check, with a hint, instead of overwriting their work.
+.PHONY: student
+student: $(STAMP)
+	rm -rf _build/student
+	$(BIN)/python -m utils.student_edition --out _build/student
+	@echo "Open _build/student/labs in JupyterLab: make lab, or $(BIN)/jupyter lab _build/student/labs"
 
 clean:
 	rm -rf _build $(MATHJAX)

@@ -104,3 +104,32 @@ def test_checked_cells_store_what_they_check(path):
         if "nbval-check-output" in tags:
             assert cell.get("outputs"), f"{path.name} cell {index} is tagged nbval-check-output but stores no output"
             assert "nbval-ignore-output" not in tags, f"{path.name} cell {index} both checks and ignores its output"
+
+
+LABS = [p for p in NOTEBOOKS if p.relative_to(ROOT).parts[0] == "labs"]
+# Labs whose solution cells are not tagged yet (being edited elsewhere); tag them with
+# `python -m utils.student_edition --tag NB` and empty this list.
+SOLUTION_TAGS_PENDING = {
+    "labs/01-gpu-architecture/02-fused-softmax.ipynb",
+    "labs/01-gpu-architecture/03-tiled-matmul.ipynb",
+    "labs/03-attention/03-a-paged-kv-cache.ipynb",
+}
+
+
+@pytest.mark.parametrize("path", LABS, ids=_ids(LABS))
+def test_lab_solution_cells_are_tagged_for_the_student_edition(path):
+    """`make student` drops the cells tagged `solution`: exactly the code cells of every solution-start/end block."""
+    from utils.student_edition import SOLUTION_TAG, exercises
+
+    nb = json.loads(path.read_text())
+    blocks = exercises(nb)
+    assert blocks, f"{path.name}: a lab has at least one exercise with its solution between solution-start/end"
+    inside = {i for e in blocks for i in e.solution}
+    tagged = {i for i, c in enumerate(nb["cells"]) if SOLUTION_TAG in c["metadata"].get("tags", [])}
+    if str(path.relative_to(ROOT)) in SOLUTION_TAGS_PENDING and not tagged:
+        pytest.skip("solution tags pending for this lab (SOLUTION_TAGS_PENDING)")
+    assert tagged == inside, f"{path.name}: code cells of solution blocks {sorted(inside)} but cells tagged " \
+                             f"{SOLUTION_TAG!r} {sorted(tagged)}"
+    for e in blocks:
+        assert e.solution, f"{path.name}: solution block {e.label} has no code cell"
+        assert e.attempt is not None, f"{path.name}: exercise {e.label} has no attempt cell before its solution"

@@ -1,0 +1,91 @@
+"""utils.hints: passes exactly when torch.testing.assert_close does; otherwise names the element and the pattern."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from utils import hints
+
+
+def _softmax_input() -> torch.Tensor:
+    return torch.randn(8, 32, generator=torch.Generator().manual_seed(0)) * 3
+
+
+def test_a_right_answer_passes_silently():
+    x = _softmax_input()
+    assert hints.assert_close(torch.softmax(x, -1), torch.softmax(x.double(), -1).float()) is None
+    hints.assert_close({"w": [x, x + 1]}, {"w": [x.clone(), x + 1]}, rtol=0, atol=0)
+
+
+def test_forgetting_the_row_sum_is_named_with_the_element_and_the_lab_hint():
+    x = _softmax_input()
+    expected = torch.softmax(x, -1)
+    wrong = torch.exp(x - x.max(-1, keepdim=True).values)  # no division by the row sum
+    with pytest.raises(hints.CheckFailed) as info:
+        hints.assert_close(wrong, expected, lab="fused-softmax")
+    message = str(info.value)
+    assert info.value.pattern == "row_scaled"
+    index = tuple(int(i) for i in (~torch.isclose(wrong, expected)).nonzero()[0])
+    assert f"element [{index[0]}, {index[1]}] is {float(wrong[index]):.4g}, expected {float(expected[index]):.4g}" \
+        in message
+    assert "did you forget to divide by the row sum?" in message
+    assert "Mismatched elements" in message  # torch's own report follows the hint
+
+
+@pytest.mark.parametrize("make_wrong, pattern", [
+    (lambda e: 0.5 * e, "scaled"),
+    (lambda e: -e, "sign"),
+    (lambda e: torch.zeros_like(e), "zeros"),
+    (lambda e: torch.where(e > 1, torch.tensor(float("nan")), e), "nan"),
+    (lambda e: torch.cat([e.flatten()[:-5], e.flatten()[-5:] + 1]).view_as(e), "tail"),
+    (lambda e: e.t().contiguous(), "transposed"),
+    (lambda e: e[:, :-1], "shape"),
+    (lambda e: torch.where(torch.arange(e.numel()).view_as(e) % 7 == 3, e + 1, e), "some"),
+])
+def test_each_pattern_is_recognised(make_wrong, pattern):
+    expected = torch.randn(6, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64) + 2
+    wrong = make_wrong(expected)
+    assert hints.diagnose(wrong, expected) == pattern
+    with pytest.raises(hints.CheckFailed) as info:
+        hints.assert_close(wrong, expected)
+    assert info.value.pattern == pattern
+    assert hints.GENERIC[pattern] in str(info.value)
+
+
+def test_half_the_value_says_how_much():
+    expected = torch.tensor([0.0823, 0.5, 1.0], dtype=torch.float64)
+    with pytest.raises(hints.CheckFailed) as info:
+        hints.assert_close(expected / 2, expected, lab="bellman-backups")
+    assert "element [0] is 0.04115, expected 0.0823 (off by -0.0411, 0.5 times the expected value)" in str(info.value)
+    assert hints.MISTAKES["bellman-backups"]["scaled"] in str(info.value)
+
+
+def test_a_nested_result_names_the_path_of_the_first_mismatch():
+    good = torch.ones(3)
+    with pytest.raises(hints.CheckFailed) as info:
+        hints.assert_close({"a": good, "b": [good, 2 * good]}, {"a": good, "b": [good, good]})
+    assert str(info.value).startswith("at ['b'][1]: element [0] is 2, expected 1")
+
+
+def test_none_means_not_written_yet():
+    with pytest.raises(hints.CheckFailed) as info:
+        hints.assert_close(None, torch.ones(2))
+    assert info.value.pattern == "none" and "returned None" in str(info.value)
+
+
+def test_an_unknown_lab_is_refused():
+    with pytest.raises(ValueError, match="unknown lab 'nope'"):
+        hints.assert_close(torch.ones(1), torch.ones(1), lab="nope")
+
+
+def test_every_lab_hint_belongs_to_a_known_pattern():
+    for lab, table in hints.MISTAKES.items():
+        assert set(table) <= set(hints.GENERIC), f"{lab}: {set(table) - set(hints.GENERIC)}"
+
+
+def test_a_single_wrong_number_gets_how_far_off_but_no_pattern():
+    with pytest.raises(hints.CheckFailed) as info:
+        hints.assert_close(torch.tensor(0.75), torch.tensor(0.5), lab="post-training-dpo")
+    assert info.value.pattern is None
+    assert str(info.value).startswith("the value is 0.75, expected 0.5 (off by 0.25, 1.5 times the expected value)")

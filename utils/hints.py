@@ -1,0 +1,318 @@
+"""Checks that say what is wrong: ``torch.testing.assert_close`` with a hint for the reader of a lab.
+
+:func:`assert_close` takes the same arguments as ``torch.testing.assert_close``
+and passes exactly when it passes (it calls it), so swapping one for the other
+in a lab's check cell changes nothing for a right answer. For a wrong answer it
+raises :class:`CheckFailed`, whose message starts with a hint: which element
+differs, by how much, and what that pattern usually means, e.g. ::
+
+    element [3, 17] is 0.0412, expected 0.0823 (off by -0.0411); 8,190 of 8,192 elements
+    (100.0%) differ beyond rtol=1.3e-06, atol=1e-05.
+    Hint: each row is off by its own factor (here 0.5004): did you forget to divide by the row sum?
+
+The pattern is found by :func:`diagnose` from the two tensors alone (a constant
+ratio, a ratio per row, a flipped sign, all zeros, NaN, only the tail wrong, a
+transpose, a wrong shape). What a pattern usually means depends on the lab:
+:data:`MISTAKES` holds, per lab, the usual cause of each pattern, and a check
+names its lab with ``lab=`` (the generic meaning is used otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+GENERIC = {
+    "none": "the function returned None: is it written yet, and does it end with `return`?",
+    "shape": "a wrong shape: check the output's allocation and any view, reshape or transpose.",
+    "transposed": "the result is the transpose of the expected one: swapped indices or strides?",
+    "nan": "NaN or inf where a finite number is expected: an overflow (exp of a large number?) or 0 / 0.",
+    "zeros": "your result is all zeros: was anything written (stored, returned, accumulated) at all?",
+    "sign": "the sign is flipped: a subtraction the wrong way round, or a missing minus?",
+    "scaled": "a missing or extra scale factor: a mean instead of a sum, a missing divide, gamma or 1/sqrt(d)?",
+    "row_scaled": "each row is off by its own factor: a missing normalisation per row?",
+    "tail": "only the last elements differ: the boundary (the last, partial block, its mask) needs care.",
+    "some": "only some elements differ: an indexing, masking or off-by-one mistake near those elements?",
+}
+"""What each pattern of :func:`diagnose` usually means, in any lab."""
+
+MISTAKES: dict[str, dict[str, str]] = {
+    "fused-softmax": {
+        "row_scaled": "did you forget to divide by the row sum?",
+        "nan": "did you subtract the row maximum before exp? exp(x) overflows for large x.",
+        "tail": "pad the lanes past n_cols with -inf (not 0) before the max and the sum, and mask the store.",
+    },
+    "tiled-matmul": {
+        "tail": "the edges: mask the loads of A and B past M, N and K with other=0, and mask the store.",
+        "scaled": "is the K loop covering all of K (range(0, tl.cdiv(K, BLOCK_K)))?",
+        "transposed": "check which stride goes with which index: stride_bk, stride_bn.",
+    },
+    "ring-all-reduce": {
+        "scaled": "each chunk must be added n - 1 times (reduce-scatter), then sent round n - 1 times (all-gather).",
+        "some": "the chunk indices: at step s rank r sends chunk (r - s) mod n and receives chunk (r - s - 1) mod n.",
+        "tail": "the last chunk is shorter when the length is not a multiple of n: split with torch.tensor_split.",
+    },
+    "ddp": {
+        "scaled": "average, not sum: divide the all-reduced gradient by the world size.",
+        "some": "every parameter's gradient must be reduced, each exactly once, before the optimizer step.",
+    },
+    "zero": {
+        "scaled": "average the gradient: reduce-scatter, then divide by the world size.",
+        "some": "each rank updates only its own slice, then the slices are all-gathered into every parameter.",
+    },
+    "tensor-parallel": {
+        "scaled": "a missing or extra all-reduce: f reduces in backward, g in forward (off by a factor t).",
+        "some": "slice by rank: column-parallel splits the output rows of W, row-parallel its input columns.",
+    },
+    "pipeline": {
+        "scaled": "each micro-batch's loss is divided by m, so the gradients sum to the full batch's mean.",
+        "some": "a stage must receive its input (or its output's gradient) before it runs that micro-batch.",
+    },
+    "activation-checkpointing": {
+        "some": "restore the RNG state before recomputing the forward, so dropout draws the same mask.",
+        "zeros": "backward must return the gradients of the inputs (None for run and n_inputs).",
+    },
+    "loss-scaling": {
+        "scaled": "unscale the gradients (divide by the scale) before checking them and stepping.",
+        "nan": "on inf or NaN skip the step and halve the scale; never step with such a gradient.",
+    },
+    "paged-kv-cache": {
+        "some": "a block's slot for token t is t % block_size in block block_table[t // block_size].",
+        "row_scaled": "the softmax runs over all the sequence's keys, across its blocks, not per block.",
+    },
+    "rmsnorm-swiglu-rope": {
+        "row_scaled": "the 1/rms factor: the mean of x^2 over the real n_cols (not BLOCK_SIZE), plus eps, then rsqrt.",
+        "tail": "mask the lanes past n_cols in the load (other=0) and in the store.",
+        "sign": "RoPE: (x0 cos - x1 sin, x0 sin + x1 cos); the sign of the sin term?",
+    },
+    "flash-attention": {
+        "row_scaled": "did you divide the output by the running sum l at the end, and rescale it by exp(m_old - m_new)?",
+        "scaled": "the scale 1/sqrt(d) applied once, to the scores?",
+        "some": "causal: a query sees keys up to and including its own position, no further.",
+    },
+    "bellman-backups": {
+        "scaled": "is gamma applied (R + gamma * P V), and once only?",
+        "some": "the optimality backup takes the max over actions; the policy backup the policy's average.",
+    },
+    "q-learning-and-reinforce": {
+        "some": "Q-learning's target uses max_a Q(s', a); SARSA's the action actually taken next. "
+                "Use the same random numbers in the same order as the reference.",
+        "sign": "the policy gradient is (onehot(a) - pi(s)) times (G_t - b), not the other way round.",
+        "scaled": "the discount gamma^t in front of each term, and the returns-to-go G_t?",
+    },
+    "post-training-lora": {
+        "scaled": "the adapter's scale alpha / rank?",
+        "zeros": "B starts at zero, so at step 0 only the base layer contributes: return base(x) + the adapter.",
+    },
+    "post-training-grpo": {
+        "scaled": "the mean over each response's tokens, then over responses; and beta on the KL term only?",
+        "sign": "the loss is minus the clipped objective plus beta times the KL.",
+    },
+    "post-training-dpo": {
+        "sign": "the margin is (chosen log-ratio) - (rejected log-ratio), and the loss -log sigmoid(beta * margin).",
+        "scaled": "beta multiplies the margin inside the sigmoid.",
+    },
+    "gqa-decoding": {
+        "row_scaled": "the softmax over the keys, after the causal mask and the 1/sqrt(d) scale?",
+        "some": "causal with a cache: query i at position start + i sees keys 0 .. start + i.",
+    },
+}
+"""Per lab, the usual cause of each pattern of :func:`diagnose`: the common mistakes of that lab."""
+
+
+SEEN = {
+    "none": "nothing came back",
+    "shape": "the shapes differ",
+    "transposed": "it is the transpose of the expected result",
+    "nan": "NaN or inf appears",
+    "zeros": "it is all zeros",
+    "sign": "it is minus the expected result",
+    "scaled": "every differing element is off by the same factor",
+    "row_scaled": "each row is off by its own factor",
+    "tail": "only the last elements differ",
+    "some": "only some elements differ",
+}
+"""How each pattern of :func:`diagnose` shows, said before a lab's meaning of it."""
+
+
+def _factor_words(ratio: float) -> str:
+    """'about half', 'about twice', ... for a ratio actual / expected."""
+    for value, words in ((0.5, "about half"), (2.0, "about twice"), (0.25, "about a quarter"), (4.0, "about four times")):
+        if abs(ratio - value) <= 0.02 * value:
+            return words
+    return f"{ratio:.3g} times"
+
+
+class CheckFailed(AssertionError):
+    """A lab's check failed; ``hint`` is the first line of advice, ``pattern`` the pattern found (or None)."""
+
+    def __init__(self, message: str, hint: str, pattern: str | None) -> None:
+        super().__init__(message)
+        self.hint = hint
+        self.pattern = pattern
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float) -> bool:
+    return actual.shape == expected.shape and bool(torch.allclose(actual, expected, rtol=rtol, atol=atol,
+                                                                  equal_nan=True))
+
+
+def _constant(values: torch.Tensor, tolerance: float = 0.02) -> bool:
+    """True when ``values`` (a 1-D float tensor, finite) are all within ``tolerance`` of their median, relatively."""
+    if values.numel() == 0:
+        return False
+    median = values.median()
+    return bool(median != 0 and ((values - median).abs() <= tolerance * median.abs()).all())
+
+
+def diagnose(actual: Any, expected: torch.Tensor, rtol: float = 1.3e-6, atol: float = 1e-5) -> str | None:
+    """The pattern by which ``actual`` differs from ``expected``, a key of :data:`GENERIC`, or None if none fits.
+
+    Patterns are tried from the most to the least specific. Both are compared in
+    float64 on the CPU; ``rtol``, ``atol`` say when two elements agree.
+    """
+    if actual is None:
+        return "none"
+    if not isinstance(expected, torch.Tensor):
+        raise ValueError(f"expected must be a tensor, got {type(expected).__name__}")
+    if not isinstance(actual, torch.Tensor):
+        return None
+    a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
+    if a.shape != e.shape:
+        if a.dim() == 2 and a.shape == e.shape[::-1] and _close(a.t(), e, rtol, atol):
+            return "transposed"
+        return "shape"
+    if e.dim() >= 2 and e.shape[-1] == e.shape[-2] and not _close(a, e, rtol, atol) \
+            and _close(a.transpose(-1, -2), e, rtol, atol):
+        return "transposed"
+    if bool((~torch.isfinite(a) & torch.isfinite(e)).any()):
+        return "nan"
+    if bool((a == 0).all()) and bool((e != 0).any()):
+        return "zeros"
+    if _close(-a, e, rtol, atol):
+        return "sign"
+    if e.numel() == 1:
+        return None  # one number: no pattern to read, only how far off it is
+    differs = ~torch.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
+    usable = differs & (e.abs() > atol)
+    if bool(usable.any()):
+        ratio = a[usable] / e[usable]
+        if bool(torch.isfinite(ratio).all()) and _constant(ratio) and usable.sum() >= 2:
+            return "scaled"
+    if e.dim() >= 2 and bool(torch.isfinite(a).all()):
+        rows = e.reshape(-1, e.shape[-1])
+        ratios = a.reshape(-1, e.shape[-1]) / rows
+        nonzero = rows.abs() > atol
+        wrong_rows = differs.reshape(-1, e.shape[-1]).any(-1)
+        if bool(wrong_rows.any()) and all(_constant(ratios[i][nonzero[i]]) for i in range(rows.shape[0])
+                                          if wrong_rows[i]):
+            return "row_scaled"
+    flat = differs.flatten()
+    first = int(flat.nonzero()[0])
+    if first > 0 and bool(flat[first:].all()) and flat.numel() - first < flat.numel() / 2:
+        return "tail"
+    return "some"
+
+
+def _describe(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float) -> str:
+    """Which element differs first, by how much, and how many differ."""
+    if actual.shape != expected.shape:
+        return f"shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+    a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
+    differs = ~torch.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
+    n = int(differs.sum())
+    if n == 0:
+        return f"values agree but the tensors differ in dtype or device ({actual.dtype} on {actual.device}, " \
+               f"expected {expected.dtype} on {expected.device})"
+    index = tuple(int(i) for i in differs.nonzero()[0])
+    got, want = float(a[index]), float(e[index])
+    where = "element [" + ", ".join(map(str, index)) + "]" if index else "the value"
+    text = f"{where} is {got:.4g}, expected {want:.4g} (off by {got - want:.3g}"
+    if want != 0 and got == got:
+        text += f", {got / want:.3g} times the expected value"
+    return text + f"); {n:,} of {e.numel():,} elements ({100 * n / e.numel():.1f}%) differ beyond " \
+                  f"rtol={rtol:.2g}, atol={atol:.2g}."
+
+
+def _first_mismatch(actual: Any, expected: Any, path: str, rtol: float, atol: float):
+    """(path, actual, expected) of the first tensor pair that differs, walking mappings and sequences in order."""
+    if isinstance(expected, Mapping) and isinstance(actual, Mapping):
+        for key in expected:
+            if key in actual:
+                found = _first_mismatch(actual[key], expected[key], f"{path}[{key!r}]", rtol, atol)
+                if found:
+                    return found
+        return None
+    if isinstance(expected, Sequence) and not isinstance(expected, str) and isinstance(actual, Sequence):
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            found = _first_mismatch(a, e, f"{path}[{i}]", rtol, atol)
+            if found:
+                return found
+        return None
+    if isinstance(expected, torch.Tensor):
+        if actual is None or not isinstance(actual, torch.Tensor) or not _close(actual, expected, rtol, atol):
+            return path, actual, expected
+    return None
+
+
+def _default_tolerances(expected: Any) -> tuple[float, float]:
+    """torch.testing.assert_close's defaults for the dtype of the first tensor in ``expected``."""
+    while isinstance(expected, (Mapping, Sequence)) and not isinstance(expected, (str, torch.Tensor)) and expected:
+        expected = next(iter(expected.values())) if isinstance(expected, Mapping) else expected[0]
+    dtype = expected.dtype if isinstance(expected, torch.Tensor) else torch.float64
+    return {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), torch.float32: (1.3e-6, 1e-5)}.get(
+        dtype, (1e-7, 1e-7))
+
+
+def hint_for(actual: Any, expected: Any, rtol: float | None = None, atol: float | None = None,
+             lab: str | None = None) -> tuple[str, str | None]:
+    """(hint text, pattern) for a failed comparison of ``actual`` with ``expected`` (tensors or nests of them)."""
+    if lab is not None and lab not in MISTAKES:
+        raise ValueError(f"unknown lab {lab!r}; known: {', '.join(sorted(MISTAKES))}")
+    default_rtol, default_atol = _default_tolerances(expected)
+    rtol = default_rtol if rtol is None else rtol
+    atol = default_atol if atol is None else atol
+    if actual is None:
+        return GENERIC["none"], "none"
+    found = _first_mismatch(actual, expected, "", rtol, atol)
+    if found is None:
+        return "the values agree within the tolerance, so the difference is in dtype, device or structure.", None
+    path, a, e = found
+    where = f"at {path}: " if path else ""
+    pattern = diagnose(a, e, rtol, atol)
+    if a is None:
+        return where + GENERIC["none"], "none"
+    if not isinstance(a, torch.Tensor):
+        return f"{where}got a {type(a).__name__}, expected a tensor.", None
+    if pattern is None:
+        return f"{where}{_describe(a, e, rtol, atol)}", None
+    specific = MISTAKES.get(lab, {}).get(pattern)
+    seen = SEEN[pattern]
+    if pattern == "scaled":
+        a64, e64 = a.detach().double().cpu(), e.detach().double().cpu()
+        usable = ~torch.isclose(a64, e64, rtol=rtol, atol=atol) & (e64.abs() > atol)
+        seen += f", {_factor_words(float((a64[usable] / e64[usable]).median()))} the expected value"
+    if pattern == "scaled":
+        specific = specific or GENERIC["scaled"]
+    meaning = f"{seen}: {specific}" if specific else GENERIC[pattern]
+    return f"{where}{_describe(a, e, rtol, atol)}\nHint: {meaning}", pattern
+
+
+def assert_close(actual: Any, expected: Any, *, rtol: float | None = None, atol: float | None = None,
+                 lab: str | None = None, **kwargs: Any) -> None:
+    """``torch.testing.assert_close(actual, expected, rtol=, atol=, **kwargs)``, raising :class:`CheckFailed` with a hint.
+
+    Passes exactly when ``torch.testing.assert_close`` passes. ``lab`` names the
+    lab whose table of common mistakes (:data:`MISTAKES`) explains the pattern.
+    """
+    if lab is not None and lab not in MISTAKES:
+        raise ValueError(f"unknown lab {lab!r}; known: {', '.join(sorted(MISTAKES))}")
+    try:
+        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, **kwargs)
+    except (AssertionError, TypeError, ValueError) as error:
+        if isinstance(error, (TypeError, ValueError)) and actual is not None:
+            raise
+        hint, pattern = hint_for(actual, expected, rtol, atol, lab)
+        raise CheckFailed(f"{hint}\n\n{error}", hint, pattern) from None
