@@ -73,7 +73,8 @@ def explore(plot_fn: PlotFn, budget: int = 36, dpi: int = 56, slider_values: int
     thinned, in the order given, and those that do not fit are held at their
     default (the widget says which). Each frame is ``plot_fn(**values)`` saved
     by :func:`utils.explore.render_png` at ``dpi`` with a ``colors``-colour
-    palette. Returns an ``IPython.display.HTML``; leave it as a cell's last
+    palette; a combination ``plot_fn`` refuses with ``ValueError`` gets a frame
+    that shows the message (the defaults must draw). Returns an ``IPython.display.HTML``; leave it as a cell's last
     expression. The root is ``<div class="viz-explore" data-frames="N">``, each
     control carries ``data-control="<name>"``, the figure is its one
     ``<img class="viz-explore-frame">``.
@@ -89,8 +90,15 @@ def explore(plot_fn: PlotFn, budget: int = 36, dpi: int = 56, slider_values: int
     frames: list[bytes] = []
     seen: dict[bytes, int] = {}
     order: list[int] = []
-    for point in grid_points(grid):
-        fig = plot_fn(**point)
+    points = grid_points(grid)
+    defaults = {c.name: c.default for c in grid}
+    for point in points:
+        try:
+            fig = plot_fn(**point)
+        except ValueError as error:  # an invalid combination: the frame shows the function's own message
+            if point == defaults:
+                raise
+            fig = _message_figure(f"{name}: {error}")
         if not isinstance(fig, Figure):
             plt.close("all")
             raise ValueError(f"{name} must return a matplotlib Figure, got {type(fig).__name__}")
@@ -103,6 +111,16 @@ def explore(plot_fn: PlotFn, budget: int = 36, dpi: int = 56, slider_values: int
     from IPython.display import HTML
 
     return HTML(render_html(grid, frames, order, title=name))
+
+
+def _message_figure(message: str) -> Figure:
+    """A small figure that shows ``message``: the frame of a combination ``plot_fn`` refuses."""
+    import textwrap
+
+    fig, ax = plt.subplots(figsize=(6.4, 1.2))
+    ax.axis("off")
+    ax.text(0.5, 0.5, textwrap.fill(message, 90), ha="center", va="center", color="firebrick", fontsize=9)
+    return fig
 
 
 def animate(
