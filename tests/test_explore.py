@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from utils import viz  # noqa: E402
-from utils.explore import grid_points, moving_note, render_png, select_grid  # noqa: E402
+from utils.explore import frame_bbox, grid_points, moving_note, render_png, select_grid  # noqa: E402
 
 pytest.importorskip("IPython", reason="a machine without Jupyter (the GPU machine)")
 ipywidgets = pytest.importorskip("ipywidgets", reason="a machine without Jupyter (the GPU machine)")
@@ -143,9 +143,12 @@ def test_every_frame_is_the_plot_functions_own_output():
     html = viz.explore(_bars, dpi=40, **controls).data
     frames, order = _parse(html)
     points = grid_points(select_grid(_bars, controls))
+    default_fig = _bars(n=4, colour="C0", pinned=0.5)
+    bbox = frame_bbox(default_fig)
+    plt.close(default_fig)
     for index in (0, len(points) // 2, len(points) - 1):
         fig = _bars(**points[index])
-        expected = render_png(fig, 40)
+        expected = render_png(fig, 40, bbox=bbox)
         plt.close(fig)
         assert base64.b64decode(frames[order[index]].split(",", 1)[1]) == expected, points[index]
     start = re.search(r'<img class="viz-explore-frame"[^>]* src="([^"]+)"', html).group(1)
@@ -156,4 +159,19 @@ def test_every_frame_is_the_plot_functions_own_output():
 def test_explore_stays_small():
     html = viz.explore(_bars, n=(1, 64), scale=(0.5, 9.5, 0.5), colour=["C0", "C1", "C2", "C3"]).data
     assert len(html) < 400_000
-    assert html.count("data:image/png;base64") <= 36
+    assert html.count("data:image/png;base64") <= 24
+
+
+def _refuses_big(n=2, colour="C0"):
+    if n > 4:
+        raise ValueError(f"n must be at most 4, got {n}")
+    return _bars(n=n, colour=colour)
+
+
+def test_a_refused_combination_shows_the_functions_message_and_the_defaults_must_draw():
+    html = viz.explore(_refuses_big, n=[1, 2, 8]).data
+    frames, order = _parse(html)
+    assert len(set(order)) == 3
+    with pytest.raises(ValueError, match="at most 4"):
+        viz.explore(_refuses_big, n=[8, 9])
+    plt.close("all")

@@ -146,7 +146,7 @@ def _options(name: str, spec: Any) -> tuple[list, list[str]]:
     return [v for _, v in items], [str(k) for k, _ in items]
 
 
-def make_control(name: str, spec: Any, default: Any = _EMPTY, slider_values: int = 5) -> Control:
+def make_control(name: str, spec: Any, default: Any = _EMPTY, slider_values: int = 4) -> Control:
     """The :class:`Control` for one keyword of ``live``'s spec; ``default`` is ``plot_fn``'s default."""
     try:
         import ipywidgets
@@ -217,8 +217,8 @@ def _fit_counts(full: list[int], budget: int) -> list[int]:
     return [1] * len(full)
 
 
-def select_grid(plot_fn: Callable, controls: dict[str, Any], budget: int = 36,
-                slider_values: int = 5) -> list[Control]:
+def select_grid(plot_fn: Callable, controls: dict[str, Any], budget: int = 24,
+                slider_values: int = 4) -> list[Control]:
     """The controls of a kernel-free widget, thinned so the grid holds at most ``budget`` frames."""
     if not callable(plot_fn):
         raise ValueError(f"plot_fn must be callable, got {type(plot_fn).__name__}")
@@ -263,8 +263,17 @@ def moving_note(controls: list[Control]) -> str:
             f"in Jupyter (viz.live) all {total} controls move.")
 
 
-def render_png(fig: Any, dpi: int, colors: int = 64) -> bytes:
-    """``fig`` as a small PNG: drawn at ``dpi``, then quantized to a ``colors``-colour palette.
+def frame_bbox(fig: Any, pad_inches: float = 0.1) -> Any:
+    """The tight bounding box of ``fig`` (inches), padded: every frame of a widget is cut to the defaults' box.
+
+    One box for all frames keeps the picture from jumping as a slider moves, and
+    saves the second draw that ``bbox_inches="tight"`` costs on every frame.
+    """
+    return fig.get_tightbbox(fig.canvas.get_renderer()).padded(pad_inches)
+
+
+def render_png(fig: Any, dpi: int, colors: int = 64, bbox: Any = None) -> bytes:
+    """``fig`` as a small PNG: drawn at ``dpi``, cut to ``bbox`` (tight if ``None``), quantized to ``colors``.
 
     The frames of :func:`utils.viz.explore` are exactly these bytes, so a test can
     render ``plot_fn(**values)`` itself and compare.
@@ -274,7 +283,7 @@ def render_png(fig: Any, dpi: int, colors: int = 64) -> bytes:
     from PIL import Image
 
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight", facecolor="white")
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight" if bbox is None else bbox, facecolor="white")
     image = Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
     out = io.BytesIO()
     image.quantize(colors=colors, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(

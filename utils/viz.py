@@ -62,7 +62,7 @@ def live(plot_fn: PlotFn, **controls: Any) -> Any:
     return ipywidgets.interactive(draw, **controls)
 
 
-def explore(plot_fn: PlotFn, budget: int = 36, dpi: int = 56, slider_values: int = 5, colors: int = 64,
+def explore(plot_fn: PlotFn, budget: int = 24, dpi: int = 56, slider_values: int = 4, colors: int = 64,
             **controls: Any) -> Any:
     """``plot_fn`` behind kernel-free controls: a grid of precomputed frames, as HTML.
 
@@ -73,13 +73,14 @@ def explore(plot_fn: PlotFn, budget: int = 36, dpi: int = 56, slider_values: int
     thinned, in the order given, and those that do not fit are held at their
     default (the widget says which). Each frame is ``plot_fn(**values)`` saved
     by :func:`utils.explore.render_png` at ``dpi`` with a ``colors``-colour
-    palette; a combination ``plot_fn`` refuses with ``ValueError`` gets a frame
-    that shows the message (the defaults must draw). Returns an ``IPython.display.HTML``; leave it as a cell's last
-    expression. The root is ``<div class="viz-explore" data-frames="N">``, each
+    palette, cut to the box of the defaults' frame (:func:`utils.explore.frame_bbox`).
+    A combination ``plot_fn`` refuses with ``ValueError`` gets a frame that shows
+    the message (the defaults must draw). Returns an ``IPython.display.HTML``;
+    leave it as a cell's last expression. The root is ``<div class="viz-explore" data-frames="N">``, each
     control carries ``data-control="<name>"``, the figure is its one
     ``<img class="viz-explore-frame">``.
     """
-    from utils.explore import grid_points, render_html, render_png, select_grid
+    from utils.explore import frame_bbox, grid_points, render_html, render_png, select_grid
 
     check_positive_int("dpi", dpi)
     check_positive_int("colors", colors)
@@ -87,23 +88,23 @@ def explore(plot_fn: PlotFn, budget: int = 36, dpi: int = 56, slider_values: int
         raise ValueError(f"colors must be at most 256 (a PNG palette), got {colors}")
     grid = select_grid(plot_fn, controls, budget=budget, slider_values=slider_values)
     name = getattr(plot_fn, "__name__", "plot_fn")
+    points = grid_points(grid)
+    first = points.index({c.name: c.default for c in grid})  # the defaults' frame sets the box of all
+    fig = _draw(plot_fn, name, points[first])
+    size, bbox = tuple(fig.get_size_inches()), frame_bbox(fig)
+    pngs: list[bytes] = [b""] * len(points)
+    for index in [first] + [i for i in range(len(points)) if i != first]:
+        if index != first:
+            try:
+                fig = _draw(plot_fn, name, points[index])
+            except ValueError as error:  # an invalid combination: the frame shows the function's own message
+                fig = _message_figure(f"{name}: {error}")
+        pngs[index] = render_png(fig, dpi, colors, bbox if tuple(fig.get_size_inches()) == size else None)
+        plt.close(fig)
     frames: list[bytes] = []
     seen: dict[bytes, int] = {}
     order: list[int] = []
-    points = grid_points(grid)
-    defaults = {c.name: c.default for c in grid}
-    for point in points:
-        try:
-            fig = plot_fn(**point)
-        except ValueError as error:  # an invalid combination: the frame shows the function's own message
-            if point == defaults:
-                raise
-            fig = _message_figure(f"{name}: {error}")
-        if not isinstance(fig, Figure):
-            plt.close("all")
-            raise ValueError(f"{name} must return a matplotlib Figure, got {type(fig).__name__}")
-        png = render_png(fig, dpi, colors)
-        plt.close(fig)
+    for png in pngs:
         if png not in seen:
             seen[png] = len(frames)
             frames.append(png)
@@ -111,6 +112,14 @@ def explore(plot_fn: PlotFn, budget: int = 36, dpi: int = 56, slider_values: int
     from IPython.display import HTML
 
     return HTML(render_html(grid, frames, order, title=name))
+
+
+def _draw(plot_fn: PlotFn, name: str, values: dict[str, Any]) -> Figure:
+    fig = plot_fn(**values)
+    if not isinstance(fig, Figure):
+        plt.close("all")
+        raise ValueError(f"{name} must return a matplotlib Figure, got {type(fig).__name__}")
+    return fig
 
 
 def _message_figure(message: str) -> Figure:
