@@ -15,6 +15,8 @@ NOTEBOOKS = sorted(p for folder in ("chapters", "labs") for p in (ROOT / folder)
 MAX_NBYTES = 1_500_000
 # A cell that makes a live ipywidgets control (viz.live is an ipywidgets.interactive).
 LIVE_WIDGET = re.compile(r"viz\.live\(|\binteractive\(|\binteract\(")
+# Notebooks whose kernel-free twin of a live widget is still to be added (issue 13); empty this set when done.
+EXPLORE_PENDING = {"labs/01-gpu-architecture/02-fused-softmax.ipynb", "labs/01-gpu-architecture/03-tiled-matmul.ipynb"}
 
 
 def _toc_files(node) -> list[str]:
@@ -70,6 +72,26 @@ def test_live_widget_cells_are_not_executed_by_the_book_build(path):
         if _skipped(cell):
             assert not re.search(r"^(import |from )", source, re.M), \
                 f"{path.name} cell {index} is skipped by the book build but imports something; move the import up"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_every_live_widget_also_works_with_no_kernel(path):
+    """The next code cell after a viz.live cell is a viz.explore cell, run by the book build, its widget stored."""
+    if str(path.relative_to(ROOT)) in EXPLORE_PENDING:
+        pytest.skip("its viz.explore cells are still to be added (EXPLORE_PENDING)")
+    nb = json.loads(path.read_text())
+    code = [(i, c) for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"]
+    for (index, cell), following in zip(code, code[1:] + [(None, None)]):
+        if "viz.live(" not in "".join(cell["source"]):
+            continue
+        assert following[1] is not None and "viz.explore(" in "".join(following[1]["source"]), \
+            f"{path.name} cell {index} is a viz.live widget; follow it with a viz.explore cell (same plot function)"
+        tags = following[1]["metadata"].get("tags", [])
+        assert not {"skip-execution", "remove-output"} & set(tags), \
+            f"{path.name} cell {following[0]}: a viz.explore cell must run and show in the HTML; drop {tags}"
+        html = ["".join(o.get("data", {}).get("text/html", "")) for o in following[1].get("outputs", [])]
+        assert any('class="viz-explore"' in h for h in html), \
+            f"{path.name} cell {following[0]} stores no viz.explore widget; re-execute the notebook"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))

@@ -1,14 +1,21 @@
-"""The book's widget pattern: a pure plot function, a static figure, a live control, an animation.
+"""The book's widget pattern: a pure plot function, a static figure, live controls, frames, an animation.
 
 Every figure of the book is drawn by a *pure* function of its parameters that
-returns a Matplotlib figure. A page then uses it three ways:
+returns a Matplotlib figure. A page then uses it four ways:
 
 1. ``plot_fn(**defaults)``: the static figure the HTML book shows;
 2. :func:`live` ``(plot_fn, n=(1, 64), ...)``: sliders for a reader in Jupyter
    (an ``ipywidgets.interactive``; it needs a running kernel, so the cell carries
    the tags ``nbval-ignore-output``, ``remove-output`` and ``skip-execution``:
    the book build does not run it, see the README);
-3. :func:`animate` ``(draw_step, n_steps)``: a step-by-step algorithm as a
+3. :func:`explore` ``(plot_fn, n=(1, 64), ...)``: the same controls for a reader
+   of the HTML book, with no kernel and no network: the plot function draws a
+   small grid of frames ahead of time (at most ``budget``), embedded as PNGs
+   behind ``<input type="range">`` and ``<select>`` controls wired by a few
+   lines of inline JavaScript (grid rules in :mod:`utils.explore`). The cell
+   runs in the book build, so the figure a reader scrubs is the tested
+   function's own output;
+4. :func:`animate` ``(draw_step, n_steps)``: a step-by-step algorithm as a
    scrubbable animation (``FuncAnimation.to_jshtml``) that plays in the static
    HTML with no kernel.
 """
@@ -53,6 +60,76 @@ def live(plot_fn: PlotFn, **controls: Any) -> Any:
         plt.show()
 
     return ipywidgets.interactive(draw, **controls)
+
+
+def explore(plot_fn: PlotFn, budget: int = 24, dpi: int = 56, slider_values: int = 4, colors: int = 64,
+            **controls: Any) -> Any:
+    """``plot_fn`` behind kernel-free controls: a grid of precomputed frames, as HTML.
+
+    ``controls`` take :func:`live`'s spec (``(lo, hi)``, ``(lo, hi, step)``, lists,
+    dicts, bools, ``ipywidgets.fixed(v)``, ipywidgets slider/text objects); give a
+    list instead of a slider to choose the values a page offers, a one-element
+    list to hold a control. At most ``budget`` frames are drawn: controls are
+    thinned, in the order given, and those that do not fit are held at their
+    default (the widget says which). Each frame is ``plot_fn(**values)`` saved
+    by :func:`utils.explore.render_png` at ``dpi`` with a ``colors``-colour
+    palette, cut to the box of the defaults' frame (:func:`utils.explore.frame_bbox`).
+    A combination ``plot_fn`` refuses with ``ValueError`` gets a frame that shows
+    the message (the defaults must draw). Returns an ``IPython.display.HTML``;
+    leave it as a cell's last expression. The root is ``<div class="viz-explore" data-frames="N">``, each
+    control carries ``data-control="<name>"``, the figure is its one
+    ``<img class="viz-explore-frame">``.
+    """
+    from utils.explore import frame_bbox, grid_points, render_html, render_png, select_grid
+
+    check_positive_int("dpi", dpi)
+    check_positive_int("colors", colors)
+    if colors > 256:
+        raise ValueError(f"colors must be at most 256 (a PNG palette), got {colors}")
+    grid = select_grid(plot_fn, controls, budget=budget, slider_values=slider_values)
+    name = getattr(plot_fn, "__name__", "plot_fn")
+    points = grid_points(grid)
+    first = points.index({c.name: c.default for c in grid})  # the defaults' frame sets the box of all
+    fig = _draw(plot_fn, name, points[first])
+    size, bbox = tuple(fig.get_size_inches()), frame_bbox(fig)
+    pngs: list[bytes] = [b""] * len(points)
+    for index in [first] + [i for i in range(len(points)) if i != first]:
+        if index != first:
+            try:
+                fig = _draw(plot_fn, name, points[index])
+            except ValueError as error:  # an invalid combination: the frame shows the function's own message
+                fig = _message_figure(f"{name}: {error}")
+        pngs[index] = render_png(fig, dpi, colors, bbox if tuple(fig.get_size_inches()) == size else None)
+        plt.close(fig)
+    frames: list[bytes] = []
+    seen: dict[bytes, int] = {}
+    order: list[int] = []
+    for png in pngs:
+        if png not in seen:
+            seen[png] = len(frames)
+            frames.append(png)
+        order.append(seen[png])
+    from IPython.display import HTML
+
+    return HTML(render_html(grid, frames, order, title=name))
+
+
+def _draw(plot_fn: PlotFn, name: str, values: dict[str, Any]) -> Figure:
+    fig = plot_fn(**values)
+    if not isinstance(fig, Figure):
+        plt.close("all")
+        raise ValueError(f"{name} must return a matplotlib Figure, got {type(fig).__name__}")
+    return fig
+
+
+def _message_figure(message: str) -> Figure:
+    """A small figure that shows ``message``: the frame of a combination ``plot_fn`` refuses."""
+    import textwrap
+
+    fig, ax = plt.subplots(figsize=(6.4, 1.2))
+    ax.axis("off")
+    ax.text(0.5, 0.5, textwrap.fill(message, 90), ha="center", va="center", color="firebrick", fontsize=9)
+    return fig
 
 
 def animate(
