@@ -16,7 +16,7 @@ MAX_NBYTES = 1_500_000
 # A cell that makes a live ipywidgets control (viz.live is an ipywidgets.interactive).
 LIVE_WIDGET = re.compile(r"viz\.live\(|\binteractive\(|\binteract\(")
 # Notebooks whose kernel-free twin of a live widget is still to be added (issue 13); empty this set when done.
-EXPLORE_PENDING = {"labs/01-gpu-architecture/02-fused-softmax.ipynb", "labs/01-gpu-architecture/03-tiled-matmul.ipynb"}
+EXPLORE_PENDING: set[str] = set()
 
 
 def _toc_files(node) -> list[str]:
