@@ -174,17 +174,22 @@ def bench_softmax_persistent(sizes: Sizes, n_cols: int, gpu: GpuSpec | None, def
                   intensity=default.intensity)
 
 
+def _matmul_inputs(sizes: Sizes, gpu: GpuSpec | None, matmul_fn) -> tuple:
+    """fp16 ``a`` and ``b`` of ``n x n``, checked through ``matmul_fn`` against fp32; their FLOPs and the fp16 peak."""
+    n = sizes.matmul_mnk
+    a = torch.randn(n, n, device=device.device()).half()
+    b = torch.randn(n, n, device=device.device()).half()
+    torch.testing.assert_close(matmul_fn(a, b).float(), (a.float() @ b.float()), atol=1e-1, rtol=1e-2)
+    return a, b, matmul_flops(n, n, n), (gpu.flops("fp16") if gpu else None)
+
+
 def bench_matmul_autotuned(sizes: Sizes, gpu: GpuSpec | None, default: Result) -> Result:
     """The tiled matmul behind ``@triton.autotune`` (:func:`utils.kernels.matmul.matmul_autotuned`), against
     ``torch.matmul``; the shape names the configuration the autotuner chose."""
     from utils.kernels.matmul import matmul_autotuned, matmul_kernel_autotuned
 
     n = sizes.matmul_mnk
-    a = torch.randn(n, n, device=device.device()).half()
-    b = torch.randn(n, n, device=device.device()).half()
-    torch.testing.assert_close(matmul_autotuned(a, b).float(), (a.float() @ b.float()), atol=1e-1, rtol=1e-2)
-    flops = matmul_flops(n, n, n)
-    peak = gpu.flops("fp16") if gpu else None
+    a, b, flops, peak = _matmul_inputs(sizes, gpu, matmul_autotuned)
     value, fraction = rate_and_fraction(_time(lambda: matmul_autotuned(a, b), sizes), flops, "TFLOP/s", peak)
     best = matmul_kernel_autotuned.best_config
     chosen = (f"{best.kwargs['BLOCK_M']}x{best.kwargs['BLOCK_N']}x{best.kwargs['BLOCK_K']}, "
@@ -198,11 +203,7 @@ def bench_matmul(sizes: Sizes, gpu: GpuSpec | None, on_gpu: bool) -> Result:
     from utils.kernels.matmul import matmul
 
     n = sizes.matmul_mnk
-    a = torch.randn(n, n, device=device.device()).half()
-    b = torch.randn(n, n, device=device.device()).half()
-    torch.testing.assert_close(matmul(a, b).float(), (a.float() @ b.float()), atol=1e-1, rtol=1e-2)
-    flops = matmul_flops(n, n, n)
-    peak = gpu.flops("fp16") if gpu else None
+    a, b, flops, peak = _matmul_inputs(sizes, gpu, matmul)
     value, fraction = rate_and_fraction(_time(lambda: matmul(a, b), sizes), flops, "TFLOP/s", peak)
     baseline, _ = rate_and_fraction(_time(lambda: torch.matmul(a, b), sizes), flops, "TFLOP/s", peak)
     verdict = "n/a" if not on_gpu else ("PASS" if value >= TARGET_MATMUL_VS_CUBLAS * baseline else "MISS")

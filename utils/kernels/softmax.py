@@ -84,12 +84,8 @@ def _check_matrix(x: torch.Tensor) -> None:
         raise ValueError(f"softmax needs a floating-point tensor, got {x.dtype}")
 
 
-def softmax(x: torch.Tensor) -> torch.Tensor:
-    """Softmax of each row of a 2-D tensor (along ``dim=-1``) by :func:`softmax_kernel`, as a new tensor.
-
-    ``x`` must be a contiguous 2-D floating-point tensor on :func:`utils.device.device`
-    with ``1 <= n_cols <=`` :data:`MAX_N_COLS`. Computes in fp32, returns ``x.dtype``.
-    """
+def _check_rows(x: torch.Tensor) -> tuple[int, int]:
+    """``(n_rows, n_cols)`` of a contiguous 2-D float tensor whose rows fit in one program, or a ValueError."""
     check_tensors(x)
     _check_matrix(x)
     if not x.is_contiguous():
@@ -98,6 +94,16 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     n_rows, n_cols = x.shape
     if not 1 <= n_cols <= MAX_N_COLS:
         raise ValueError(f"rows must have 1 to {MAX_N_COLS} columns to fit in one program, got {n_cols}")
+    return n_rows, n_cols
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """Softmax of each row of a 2-D tensor (along ``dim=-1``) by :func:`softmax_kernel`, as a new tensor.
+
+    ``x`` must be a contiguous 2-D floating-point tensor on :func:`utils.device.device`
+    with ``1 <= n_cols <=`` :data:`MAX_N_COLS`. Computes in fp32, returns ``x.dtype``.
+    """
+    n_rows, n_cols = _check_rows(x)
     y = torch.empty_like(x)
     if n_rows == 0:
         return y
@@ -201,14 +207,8 @@ def softmax_persistent(x: torch.Tensor, num_stages: int = 2, programs: int | Non
     :data:`INTERPRETER_PROGRAMS`). If ``report`` is a dict, it receives ``programs``, ``n_regs``,
     ``shared_bytes``, ``blocks_per_sm`` and ``limiter``. Same inputs and output as :func:`softmax`.
     """
-    check_tensors(x)
-    _check_matrix(x)
-    if not x.is_contiguous():
-        raise ValueError("x must be contiguous; call .contiguous() first")
+    n_rows, n_cols = _check_rows(x)
     check_positive_int("num_stages", num_stages)
-    n_rows, n_cols = x.shape
-    if not 1 <= n_cols <= MAX_N_COLS:
-        raise ValueError(f"rows must have 1 to {MAX_N_COLS} columns to fit in one program, got {n_cols}")
     y = torch.empty_like(x)
     if n_rows == 0:
         return y
