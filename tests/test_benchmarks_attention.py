@@ -23,5 +23,5 @@ def test_cpu_smoke_run_checks_and_times_every_case(tmp_path, capsys):
     saved = json.loads(out.read_text())
     kernels = [r["kernel"] for r in saved["results"]]
     assert kernels[0] == "flash_attention fwd" and "SDPA MATH" in kernels and "naive (S and P in HBM)" in kernels
-    assert kernels[-4:] == ["rms_norm fwd", "rope", "swiglu gate", "exp2 (SFU)"]
+    assert kernels[-5:] == ["rms_norm fwd", "rope", "swiglu gate", "exp2 (SFU)", "paged attention decode"]
     assert all(r["value"] > 0 and r["verdict"] == "n/a" for r in saved["results"])
