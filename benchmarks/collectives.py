@@ -29,7 +29,7 @@ FULL_BYTES, QUICK_BYTES, CPU_SMOKE_BYTES = 2**30, 2**26, 2**16
 CPU_SMOKE_RANKS = 2
 
 
-def _seconds(fn, repeats: int, on_cuda: bool) -> float:
+def median_collective_seconds(fn, repeats: int, on_cuda: bool) -> float:
     """Median seconds of ``fn()`` on this rank, then the maximum over ranks: a collective ends with its slowest rank."""
     fn()  # warm-up: NCCL builds its rings and buffers on the first call
     samples = []
@@ -59,7 +59,7 @@ def collective_worker(rank: int, world_size: int, nbytes: int, repeats: int) -> 
         "all_gather": lambda: dist.all_gather_into_tensor(full, piece),
         "reduce_scatter": lambda: dist.reduce_scatter_tensor(piece, full),
     }
-    return {name: _seconds(call, repeats, on_cuda) for name, call in calls.items()}
+    return {name: median_collective_seconds(call, repeats, on_cuda) for name, call in calls.items()}
 
 
 def cases(on_gpu: bool, quick: bool, gpu: GpuSpec | None) -> list[Result]:

@@ -17,34 +17,15 @@ it: see nccl-tests' doc/PERFORMANCE.md).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
+from benchmarks.collectives import median_collective_seconds
 from utils.dist import launch, torchrun_main
 from utils.dist_policy import worker_device
 from utils.parallel.bandwidth import algorithm_bandwidth, allreduce_bus_bandwidth
 from utils.parallel.collectives import ring_all_reduce
-
-
-def _median_seconds(fn, x: torch.Tensor, repeats: int) -> float:
-    fn(x)  # warm-up
-    samples = []
-    for _ in range(repeats):
-        if x.is_cuda:
-            torch.cuda.synchronize()
-        dist.barrier()
-        start = time.perf_counter()
-        fn(x)
-        if x.is_cuda:
-            torch.cuda.synchronize()
-        samples.append(time.perf_counter() - start)
-    # The collective ends when the slowest rank does.
-    slowest = torch.tensor([statistics.median(samples)], device=x.device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return slowest.item()
 
 
 def bench_worker(rank: int, world_size: int, sizes_bytes: list[int], repeats: int) -> list[dict]:
@@ -53,8 +34,8 @@ def bench_worker(rank: int, world_size: int, sizes_bytes: list[int], repeats: in
     rows = []
     for nbytes in sizes_bytes:
         x = torch.ones(nbytes // 4, device=device)
-        ring = _median_seconds(ring_all_reduce, x, repeats)
-        library = _median_seconds(dist.all_reduce, x, repeats)
+        ring = median_collective_seconds(lambda: ring_all_reduce(x), repeats, x.is_cuda)
+        library = median_collective_seconds(lambda: dist.all_reduce(x), repeats, x.is_cuda)
         rows.append(dict(nbytes=nbytes, ring_s=ring, library_s=library,
                          ring_busbw=allreduce_bus_bandwidth(algorithm_bandwidth(nbytes, ring), world_size),
                          library_busbw=allreduce_bus_bandwidth(algorithm_bandwidth(nbytes, library), world_size)))

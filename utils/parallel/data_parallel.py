@@ -207,6 +207,18 @@ def shard_range(numel: int, rank: int, world_size: int) -> tuple[int, int]:
     return min(rank * size, numel), min((rank + 1) * size, numel)
 
 
+def trainable_parameters(params: Iterable[torch.Tensor], owner: str) -> list[torch.Tensor]:
+    """The parameters of ``params`` that require a gradient, all in one dtype on one device, as a sharded
+    optimizer (``owner``, named in the errors) needs them to flatten them into one buffer."""
+    trainable = [p for p in params if p.requires_grad]
+    if not trainable:
+        raise ValueError(f"{owner} got no parameters that require a gradient")
+    if len({(p.dtype, p.device) for p in trainable}) != 1:
+        raise ValueError(f"{owner} needs all parameters in one dtype on one device, got "
+                         f"{sorted({(str(p.dtype), str(p.device)) for p in trainable})}")
+    return trainable
+
+
 class ZeroOneOptimizer:
     """ZeRO stage 1: each rank keeps optimizer state only for its ``1/N`` slice of the flattened parameters.
 
@@ -228,12 +240,7 @@ class ZeroOneOptimizer:
 
     def __init__(self, params: Iterable[torch.Tensor], optimizer_cls: type = torch.optim.Adam,
                  **optimizer_kwargs: Any) -> None:
-        self.params = [p for p in params if p.requires_grad]
-        if not self.params:
-            raise ValueError("ZeroOneOptimizer got no parameters that require a gradient")
-        if len({(p.dtype, p.device) for p in self.params}) != 1:
-            raise ValueError("ZeroOneOptimizer needs all parameters in one dtype on one device, got "
-                             f"{sorted({(str(p.dtype), str(p.device)) for p in self.params})}")
+        self.params = trainable_parameters(params, "ZeroOneOptimizer")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.numel = sum(p.numel() for p in self.params)
         self.shard_numel = -(-self.numel // self.world_size)

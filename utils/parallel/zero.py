@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from utils.parallel.collectives import all_gather_single, reduce_scatter_single
+from utils.parallel.data_parallel import trainable_parameters
 
 
 class ZeroTwoOptimizer:
@@ -42,12 +43,7 @@ class ZeroTwoOptimizer:
 
     def __init__(self, params: Iterable[torch.Tensor], optimizer_cls: type = torch.optim.Adam,
                  **optimizer_kwargs: Any) -> None:
-        self.params = [p for p in params if p.requires_grad]
-        if not self.params:
-            raise ValueError("ZeroTwoOptimizer got no parameters that require a gradient")
-        if len({(p.dtype, p.device) for p in self.params}) != 1:
-            raise ValueError("ZeroTwoOptimizer needs all parameters in one dtype on one device, got "
-                             f"{sorted({(str(p.dtype), str(p.device)) for p in self.params})}")
+        self.params = trainable_parameters(params, "ZeroTwoOptimizer")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.slice_numel = [-(-p.numel() // self.world_size) for p in self.params]
         with torch.no_grad():
