@@ -104,10 +104,20 @@ def run_one(path: str) -> int:
     return 0
 
 
-def _run_in_subprocess(path: str, timeout: float, log_dir: Path) -> tuple[str, int, float, str]:
-    """Run one notebook in a child process; return (path, exit code, seconds, log file). Code 124: timed out."""
+NOT_STARTED = -1
+"""The exit code reported for a notebook that ``--deadline`` left unstarted."""
+
+
+def _run_in_subprocess(path: str, timeout: float, log_dir: Path, deadline: float = float("inf")
+                       ) -> tuple[str, int, float, str]:
+    """Run one notebook in a child process; return (path, exit code, seconds, log file). Code 124: timed out;
+    :data:`NOT_STARTED`: the ``deadline`` (a ``time.time()``) had passed; a notebook running at the deadline is
+    stopped there."""
     log = log_dir / (path.replace("/", "_") + ".log")
     start = time.time()
+    if start >= deadline:
+        return path, NOT_STARTED, 0.0, str(log)
+    timeout = min(timeout, deadline - start)
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "benchmarks.notebooks", "--one", path], stdout=f,
                                 stderr=subprocess.STDOUT, env=os.environ | {"PYTHONUNBUFFERED": "1", "MPLBACKEND": "agg"})
@@ -124,6 +134,8 @@ def _run_in_subprocess(path: str, timeout: float, log_dir: Path) -> tuple[str, i
 
 
 def _failure_summary(log: str, code: int) -> str:
+    if code == NOT_STARTED:
+        return "not started: the --deadline had passed"
     text = Path(log).read_text()
     if code == 124:
         return "timed out; where it was:\n" + text[-1500:]
@@ -136,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="*", help="notebooks (default: every chapters/*/*.ipynb and labs/*/*.ipynb)")
     parser.add_argument("--jobs", type=int, default=4, help="notebooks at once (default 4)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per notebook (default 300)")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="seconds from now after which no notebook starts and running ones are stopped")
     parser.add_argument("--log-dir", default="_build/notebook-logs", help="one log per notebook here")
     parser.add_argument("--one", metavar="PATH", help=argparse.SUPPRESS)  # the child process's entry point
     args = parser.parse_args(argv)
@@ -149,11 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"no such notebook: {', '.join(missing)}")
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
+    deadline = time.time() + args.deadline if args.deadline else float("inf")
     with ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(lambda p: _run_in_subprocess(p, args.timeout, log_dir), paths))
+        results = list(pool.map(lambda p: _run_in_subprocess(p, args.timeout, log_dir, deadline), paths))
     failed = [(path, code, log) for path, code, _, log in results if code != 0]
     for path, code, seconds, _ in results:
-        print(f"{'ok  ' if code == 0 else 'FAIL'} {seconds:6.1f} s  {path}")
+        status = "ok  " if code == 0 else ("SKIP" if code == NOT_STARTED else "FAIL")
+        print(f"{status} {seconds:6.1f} s  {path}")
     for path, code, log in failed:
         print(f"\n=== {path} (exit code {code}, log {log})\n{_failure_summary(log, code)}")
     print(f"\n{len(results) - len(failed)} of {len(results)} notebooks ran without error; logs in {log_dir}/")
