@@ -28,19 +28,10 @@ from benchmarks import attention, collectives, gpu_architecture, hopper_kernels
 from benchmarks.common import Result, run
 from utils.gpu.hardware import GpuSpec
 
-NOT_YET_RECORDED: dict[str, str] = {
-    "persistent softmax": "added on 2026-11-23, in a session with no GPU",
-    "tiled matmul, autotuned": "added on 2026-11-23, in a session with no GPU",
-    "paged attention decode": "added on 2026-11-23, in a session with no GPU",
-    "persistent TMA matmul": "added on 2026-11-26 (issue 26), recorded by the next full run",
-    "fp8 matmul": "added on 2026-11-26 (issue 26), recorded by the next full run",
-    "flash_attention_hopper fwd": "added on 2026-11-26 (issue 26), recorded by the next full run",
-    "flash_attention bwd (fused)": "added on 2026-11-26 (issue 26), recorded by the next full run",
-}
+NOT_YET_RECORDED: dict[str, str] = {}
 """Cases the harness runs that ``benchmarks/results/h100-sxm.json`` does not hold yet, and why. The next run of
 ``python -m benchmarks`` on an H100 records them; then empty this (``tests/test_benchmarks_harness.py`` checks
-both ways). The recorded softmax rows also predate the harness's move to inputs of at least 1 GiB (they are
-4096 x N, 16 to 128 MiB)."""
+both ways)."""
 
 
 def cases(on_gpu: bool, quick: bool, gpu: GpuSpec | None) -> list[Result]:

@@ -58,16 +58,56 @@ def _stub_missing_modules() -> None:
     try:
         import ipywidgets  # noqa: F401
     except ImportError:
-        widgets = types.ModuleType("ipywidgets")
-        widgets.__file__ = "<stub>"
+        sys.modules["ipywidgets"] = ipywidgets_stub()
 
-        def _any(name):
-            if name.startswith("__"):
+
+_SLIDER_DEFAULTS = {  # ipywidgets 8's defaults, so a slider given only some keywords reads like the real one
+    "IntSlider": dict(value=0, min=0, max=100, step=1),
+    "FloatSlider": dict(value=0.0, min=0.0, max=10.0, step=0.1),
+    "FloatLogSlider": dict(value=1.0, base=10.0, min=0.0, max=4.0, step=0.1),
+}
+
+
+def ipywidgets_stub() -> types.ModuleType:
+    """A stand-in ``ipywidgets`` module: every attribute is a class (one per name, so ``isinstance`` works)
+    whose instances keep their keywords (``value``, ``min``, ``max``, ``step``, ``base``, ``options``), which
+    is all that :func:`utils.explore.make_control` reads; ``fixed(v)`` keeps ``v`` as ``.value``."""
+    widgets = types.ModuleType("ipywidgets")
+    widgets.__file__ = "<stub>"
+
+    class Widget:
+        def __init__(self, *args, **kwargs):
+            for key, value in {**_SLIDER_DEFAULTS.get(type(self).__name__, {}), **kwargs}.items():
+                setattr(self, key, value)
+            options = kwargs.get("options")
+            if options is not None:
+                pairs = list(options.items()) if isinstance(options, dict) else \
+                    [o if isinstance(o, tuple) else (str(o), o) for o in options]
+                self._options_labels = [str(label) for label, _ in pairs]
+                self._options_values = [value for _, value in pairs]
+                if "value" not in kwargs:
+                    self.value = self._options_values[0]
+
+        def __getattr__(self, name):  # observe, layout, ...: accept and ignore
+            if name.startswith("_"):
                 raise AttributeError(name)
             return lambda *args, **kwargs: None
 
-        widgets.__getattr__ = _any
-        sys.modules["ipywidgets"] = widgets
+    class fixed:  # noqa: N801  (ipywidgets' name)
+        def __init__(self, value):
+            self.value = value
+
+    widgets.Widget, widgets.fixed = Widget, fixed
+
+    def class_for(name: str) -> type:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        cls = type(name, (Widget,), {})
+        setattr(widgets, name, cls)
+        return cls
+
+    widgets.__getattr__ = class_for
+    return widgets
 
 
 def run_one(path: str) -> int:

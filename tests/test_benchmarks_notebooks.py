@@ -40,3 +40,18 @@ def test_all_passing_exits_zero_and_bad_arguments_are_refused(tmp_path, capsys):
         notebooks.main([str(tmp_path / "missing.ipynb")])
     with pytest.raises(ValueError, match="--jobs"):
         notebooks.main([good, "--jobs", "0"])
+
+
+def test_the_ipywidgets_stand_in_gives_explore_what_it_reads(monkeypatch):
+    """On a GPU machine without Jupyter, widget controls must still become explore's controls."""
+    from utils import explore
+
+    stub = notebooks.ipywidgets_stub()
+    monkeypatch.setitem(__import__("sys").modules, "ipywidgets", stub)
+    assert stub.IntSlider is stub.IntSlider and isinstance(stub.IntSlider(value=3), stub.Widget)
+    log = explore.make_control("x", stub.FloatLogSlider(value=100, min=0, max=4, step=1), explore._EMPTY)
+    assert log.kind == "range" and 100 in log.values
+    fixed = explore.make_control("y", stub.fixed(7), explore._EMPTY)
+    assert fixed.kind == "fixed" and fixed.values == [7]
+    menu = explore.make_control("z", stub.Dropdown(options={"a": 1, "b": 2}), explore._EMPTY)
+    assert menu.values == [1, 2] and menu.labels == ["a", "b"]

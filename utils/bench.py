@@ -18,19 +18,21 @@ from utils import device as _device
 from utils.validate import check_nonnegative, check_nonnegative_int, check_positive, check_positive_int
 
 
-def time_seconds(fn: Callable[[], object], warmup: int = 3, repeats: int = 10) -> float:
+def time_seconds(fn: Callable[[], object], warmup: int = 3, repeats: int = 10, wall_clock: bool = False) -> float:
     """Median wall-clock seconds of one call of ``fn()``.
 
     GPU: ``triton.testing.do_bench(fn, return_mode="median")`` (milliseconds,
     converted to seconds); ``warmup`` and ``repeats`` are then ignored in favour
     of do_bench's own time-based counts. CPU: ``warmup`` calls, then the median
-    of ``repeats`` timed calls.
+    of ``repeats`` timed calls. ``wall_clock=True`` takes the CPU path on a GPU
+    machine too: do_bench times the GPU's stream with CUDA events, which sees
+    none of the work ``fn`` does on the CPU.
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {type(fn).__name__}")
     check_nonnegative_int("warmup", warmup)
     check_positive_int("repeats", repeats)
-    if _device.HAS_CUDA:
+    if _device.HAS_CUDA and not wall_clock:
         import triton.testing
 
         return triton.testing.do_bench(fn, return_mode="median") * 1e-3

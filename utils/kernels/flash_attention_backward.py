@@ -53,14 +53,17 @@ SEQ_MULTIPLE = 128
 DTYPES = (torch.float32, torch.float16) if INTERPRETER else (torch.float16, torch.bfloat16)
 """Input dtypes taken here: fp16/bf16 on a GPU, fp32/fp16 under the interpreter."""
 BACKWARD_CONFIGS = (
-    (32, 128, 128, 32, 4, 5),  # the default: Triton's tutorial's tiles
+    (64, 128, 128, 64, 8, 3),  # the default: the fastest of the sweep on an H100, causal or not (about 1.4x FA-2)
+    (32, 128, 128, 32, 4, 5),  # Triton's tutorial's tiles (tuned there for d = 64): 0.36x FA-2 at d = 128
     (32, 128, 128, 32, 8, 3),  # d = 128: 8 warps halve each thread's share of the fp32 dK, dV
-    (64, 128, 128, 64, 8, 3),
     (64, 128, 128, 64, 8, 2),
     (32, 64, 64, 32, 4, 3),
     (64, 64, 64, 64, 4, 3),
 )
-"""``(block_m1, block_n1, block_m2, block_n2, num_warps, num_stages)`` to sweep on an H100."""
+"""``(block_m1, block_n1, block_m2, block_n2, num_warps, num_stages)`` swept on an H100 by
+``python -m benchmarks.hopper_kernels --sweep`` (``benchmarks/results/hopper_sweep-h100-sxm.txt``, 2026-11-26:
+b4 h16 n4096 d128 fp16). With the tutorial's 4 warps the two 128 x 128 fp32 accumulators of dK and dV need
+256 registers a thread on their own, so the compiler spills; 8 warps and 64-row query tiles ran fastest."""
 
 
 def backward_flops(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> float:
@@ -269,8 +272,8 @@ def _check_inputs(q, k, v, out, lse, d_out, causal, sm_scale) -> None:
 
 def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                              lse: torch.Tensor, d_out: torch.Tensor, causal: bool, sm_scale: float, *,
-                             block_m1: int = 32, block_n1: int = 128, block_m2: int = 128, block_n2: int = 32,
-                             blk_slice_factor: int = 2, num_warps: int = 4, num_stages: int = 5
+                             block_m1: int = 64, block_n1: int = 128, block_m2: int = 128, block_n2: int = 64,
+                             blk_slice_factor: int = 2, num_warps: int = 8, num_stages: int = 3
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dQ, dK, dV)`` of ``O = softmax(Q K^T * sm_scale [+ causal mask]) V`` given ``dO``.
 
