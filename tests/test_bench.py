@@ -25,3 +25,9 @@ def test_rates():
 def test_bad_input_raises(call):
     with pytest.raises(ValueError):
         call()
+
+
+def test_wall_clock_times_cpu_work_on_any_machine():
+    """``wall_clock=True``: CUDA events would not see CPU work; the host clock does."""
+    seconds = bench.time_seconds(lambda: time.sleep(0.02), warmup=0, repeats=3, wall_clock=True)
+    assert 0.015 < seconds < 0.5
