@@ -76,14 +76,17 @@ NBVAL := $(BIN)/python -m pytest --nbval-lax --nbval-cell-timeout=600 \
 nbval: $(STAMP)
 	$(NBVAL) $(NOTEBOOKS)
 
-# The same nbval, with the outputs computed another way than on the machine that stored them: ATen's
-# AVX2 kernels (an AVX-512 CPU otherwise uses its AVX-512 ones) and THREADS threads per process. Last
-# digits move, so a checked cell that prints them fails here before it fails on a reader's machine.
-# Also try CPU_CAPABILITY=default THREADS=1; NOTEBOOKS="..." narrows the run.
+# The same nbval, with the outputs computed another way than on the machine that stored them: torch's
+# (ATen's) AVX2 kernels and OpenBLAS's (numpy's) Haswell kernels, where an AVX-512 CPU otherwise uses
+# its AVX-512 ones, and THREADS threads per process. Last digits move, so a checked cell that prints
+# them fails here before it fails on a reader's machine. Also try CPU_CAPABILITY=default THREADS=1
+# (no vector kernels in ATen, SSE4.2 in OpenBLAS); NOTEBOOKS="..." narrows the run.
 CPU_CAPABILITY ?= avx2
 THREADS ?= 2
+OPENBLAS_CORE := $(if $(filter default,$(CPU_CAPABILITY)),Nehalem,$(if $(filter avx512,$(CPU_CAPABILITY)),SkylakeX,Haswell))
 nbval-portable: $(STAMP)
-	ATEN_CPU_CAPABILITY=$(CPU_CAPABILITY) OMP_NUM_THREADS=$(THREADS) $(NBVAL) $(NOTEBOOKS)
+	ATEN_CPU_CAPABILITY=$(CPU_CAPABILITY) OPENBLAS_CORETYPE=$(OPENBLAS_CORE) OMP_NUM_THREADS=$(THREADS) \
+		$(NBVAL) $(NOTEBOOKS)
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab
