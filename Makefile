@@ -6,6 +6,8 @@
 #   make test            unit tests, nbval over every notebook, `make book` with warnings as errors,
 #                        then `make links` and `make browser` over the built book
 #   make lab             JupyterLab in the book's environment
+#   make nbval-portable  nbval on another CPU code path and thread count (AVX2 kernels, 2 threads):
+#                        a checked output that fails here is not portable (README, "Writing a page")
 #   make execute         re-execute every notebook in place, so stored outputs are fresh
 #   make book-repeat     `make book EXECUTE=1` RUNS times from a clean _build, reporting any stall
 #   make student         the student edition of the labs (no solutions) in _build/student/labs
@@ -25,7 +27,7 @@ NOTEBOOKS := $(shell find chapters labs -name '*.ipynb' -not -path '*/.ipynb_che
 export OMP_NUM_THREADS ?= 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: setup book test unit nbval lab execute book-repeat clean links browser
+.PHONY: setup book test unit nbval nbval-portable lab execute book-repeat clean links browser
 MATHJAX := _mathjax/mathjax
 
 $(STAMP): requirements.txt pyproject.toml
@@ -68,10 +70,23 @@ test: unit nbval book
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests -n $(JOBS) -q
 
+NBVAL := $(BIN)/python -m pytest --nbval-lax --nbval-cell-timeout=600 \
+	--nbval-sanitize-with tests/nbval_sanitize.cfg -n $(JOBS) --dist loadscope -q -p no:cacheprovider
+
 nbval: $(STAMP)
-	$(BIN)/python -m pytest --nbval-lax --nbval-cell-timeout=600 \
-		--nbval-sanitize-with tests/nbval_sanitize.cfg -n $(JOBS) --dist loadscope -q \
-		-p no:cacheprovider $(NOTEBOOKS)
+	$(NBVAL) $(NOTEBOOKS)
+
+# The same nbval, with the outputs computed another way than on the machine that stored them: torch's
+# (ATen's) AVX2 kernels and OpenBLAS's (numpy's) Haswell kernels, where an AVX-512 CPU otherwise uses
+# its AVX-512 ones, and THREADS threads per process. Last digits move, so a checked cell that prints
+# them fails here before it fails on a reader's machine. Also try CPU_CAPABILITY=default THREADS=1
+# (no vector kernels in ATen, SSE4.2 in OpenBLAS); NOTEBOOKS="..." narrows the run.
+CPU_CAPABILITY ?= avx2
+THREADS ?= 2
+OPENBLAS_CORE := $(if $(filter default,$(CPU_CAPABILITY)),Nehalem,$(if $(filter avx512,$(CPU_CAPABILITY)),SkylakeX,Haswell))
+nbval-portable: $(STAMP)
+	ATEN_CPU_CAPABILITY=$(CPU_CAPABILITY) OPENBLAS_CORETYPE=$(OPENBLAS_CORE) OMP_NUM_THREADS=$(THREADS) \
+		$(NBVAL) $(NOTEBOOKS)
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab
