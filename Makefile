@@ -1,10 +1,12 @@
 # The book's commands. Each one creates .venv and installs what it needs first.
 #   make book            build the HTML book into _build/html from the notebooks' stored outputs
-#                        (the outputs that `make test` has just checked against a fresh run)
+#                        (the outputs that `make test` checks against a fresh run)
 #   make book EXECUTE=1  execute every notebook first (myst-nb's jupyter-cache client, JOBS at a time),
 #                        then build _build/html from the cache
-#   make test            unit tests, nbval over every notebook, `make book` with warnings as errors,
-#                        then `make links` and `make browser` over the built book
+#   make test            unit tests, `make book` with warnings as errors, then every notebook executed
+#                        once (`make book EXECUTE=1` from a clean _build), its checked outputs compared
+#                        with the stored ones (`make check-outputs`), then `make links` and `make browser`
+#   make nbval           nbval over every notebook: the same comparison, in a second execution
 #   make lab             JupyterLab in the book's environment
 #   make nbval-portable  nbval on another CPU code path and thread count (AVX2 kernels, 2 threads):
 #                        a checked output that fails here is not portable (README, "Writing a page")
@@ -27,7 +29,7 @@ NOTEBOOKS := $(shell find chapters labs -name '*.ipynb' -not -path '*/.ipynb_che
 export OMP_NUM_THREADS ?= 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: setup book test unit nbval nbval-portable lab execute book-repeat clean links browser
+.PHONY: setup book test unit nbval nbval-portable check-outputs lab execute book-repeat clean links browser
 MATHJAX := _mathjax/mathjax
 
 $(STAMP): requirements.txt pyproject.toml
@@ -64,8 +66,20 @@ endif
 	$(BIN)/jupyter-book build . --config $(BOOK_CONFIG) --path-output . -W --keep-going
 	@echo "Open _build/html/index.html"
 
-test: unit nbval book
-	$(MAKE) links browser
+# Each notebook runs once: `make book` renders the stored outputs with -W (what a reader's first
+# command builds; no execution), then from a clean _build the executed build runs every notebook through
+# myst-nb's cache and renders from it, check-outputs compares the cells tagged nbval-check-output with
+# the stored outputs by nbval's rules (.ci/check_outputs.py), and the link check and the browser suite
+# test that executed book.
+test: unit book
+	rm -rf _build
+	$(MAKE) book EXECUTE=1
+	$(MAKE) check-outputs links browser
+
+# After `make book EXECUTE=1`: the executed build's checked cells against the stored outputs.
+check-outputs: $(STAMP)
+	$(BIN)/python .ci/check_outputs.py --config _build/config/execute.yml --build-dir _build \
+		--sanitize tests/nbval_sanitize.cfg $(NOTEBOOKS)
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests -n $(JOBS) -q
