@@ -13,6 +13,7 @@
 #   make execute         re-execute every notebook in place, so stored outputs are fresh
 #   make book-repeat     `make book EXECUTE=1` RUNS times from a clean _build, reporting any stall
 #   make student         the student edition of the labs (no solutions) in _build/student/labs
+#   make lock            regenerate requirements.lock from requirements.txt (UPGRADE=1: newest versions)
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -29,16 +30,44 @@ NOTEBOOKS := $(shell find chapters labs -name '*.ipynb' -not -path '*/.ipynb_che
 export OMP_NUM_THREADS ?= 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: setup book test unit nbval nbval-portable check-outputs lab execute book-repeat clean links browser
+.PHONY: setup lock book test unit nbval nbval-portable check-outputs lab execute book-repeat clean links browser
 MATHJAX := _mathjax/mathjax
 
-$(STAMP): requirements.txt pyproject.toml
+# The environment is locked. requirements.txt says what the book needs; requirements.lock pins every
+# package and everything it depends on, for every platform the book supports, and the venv is installed
+# from requirements.txt with the lock as constraints (-c): each package at its locked version, and
+# only the packages this platform needs. (Installing the lock itself, -r, would install torch's CUDA
+# dependencies on Linux even beside the CPU build of torch.) TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# (or .../cu130, the CUDA build) adds PyTorch's own index, which has the locked torch version built for
+# that device (README, "Setup"); the dev container sets the CPU one.
+LOCK := requirements.lock
+TORCH_INDEX ?=
+$(STAMP): requirements.txt $(LOCK) pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt -c $(LOCK) \
+		$(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# Regenerate the lock: uv's resolver (`uv pip compile`), run as
+#   uv pip compile requirements.txt --universal --python-version 3.10 -o requirements.lock
+# --universal writes one file for every platform (environment markers where a pin differs: numpy and
+# ipython on Python 3.10, triton and torch's CUDA packages on Linux only), --python-version 3.10 the
+# oldest Python the book supports (--no-python-downloads: uv resolves for 3.10 without fetching one;
+# every locked package has wheels). The pins already in requirements.lock are kept where requirements.txt
+# still allows them, so editing one line of requirements.txt moves only what it must; UPGRADE=1 adds
+# --upgrade (newest versions of everything). uv is installed, at a fixed version, in .venv-lock.
+UV_VERSION := 0.13.9
+UV := .venv-lock/bin/uv
+$(UV):
+	$(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+
+lock: $(UV)
+	$(UV) pip compile requirements.txt --universal --python-version 3.10 --no-python-downloads \
+		--custom-compile-command "make lock" $(if $(filter 1,$(UPGRADE)),--upgrade) -o $(LOCK) >/dev/null
 
 # MathJax served from the book itself (sphinx mathjax_path in _config.yml), so math renders offline.
 $(MATHJAX)/tex-mml-chtml.js: $(STAMP)
@@ -102,8 +131,10 @@ nbval-portable: $(STAMP)
 	ATEN_CPU_CAPABILITY=$(CPU_CAPABILITY) OPENBLAS_CORETYPE=$(OPENBLAS_CORE) OMP_NUM_THREADS=$(THREADS) \
 		$(NBVAL) $(NOTEBOOKS)
 
+# LAB_ARGS="--ip=0.0.0.0 --no-browser": reachable from outside a plain Docker container (README, "Setup").
+LAB_ARGS ?=
 lab: $(STAMP)
-	$(BIN)/jupyter lab
+	$(BIN)/jupyter lab $(LAB_ARGS)
 
 # JOBS notebooks at a time, every cell (the live widgets too), with nbclient's Output-widget mimic
 # off: see .ci/execute_notebook.py.

@@ -1,9 +1,14 @@
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from utils import device
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_interpreter_is_on_without_a_gpu():
@@ -43,3 +48,22 @@ def test_manual_seed_makes_draws_repeat():
     a = torch.rand(4)
     device.manual_seed(3)
     assert torch.equal(a, torch.rand(4))
+
+
+def test_describe_without_triton_says_why(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton", None)  # as on macOS or Windows: no wheel, no module
+    assert device.triton_version() is None
+    text = device.describe(show=False)
+    assert "without Triton" in text and "Linux only" in text and "dev container" in text
+    assert torch.__version__ in text and "\n" not in text
+
+
+def test_import_utils_and_describe_work_without_triton():
+    """A fresh interpreter where triton cannot be imported: ``import utils`` and the first cell of every page."""
+    code = "import sys; sys.modules['triton'] = None; import utils; utils.device.describe()"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert device.NO_TRITON in done.stdout

@@ -8,6 +8,11 @@ chosen when ``@triton.jit`` decorates a function, by the environment variable
 
 The interpreter has one trap: bfloat16 tensors come back as silent zeros
 (NumPy has no bfloat16). :func:`check_dtype` turns that into a clear error.
+
+Triton publishes wheels for Linux only, so on macOS and Windows it is not
+installed (requirements.txt installs it under ``sys_platform == "linux"``).
+Nothing here imports it at import time: :func:`triton_version` says whether it
+is there, and :func:`describe` says why not when it is missing.
 """
 
 from __future__ import annotations
@@ -28,6 +33,28 @@ INTERPRETER: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 _UNSUPPORTED_UNDER_INTERPRETER = {torch.bfloat16: "bfloat16"}
 
+NO_TRITON: str = (
+    "Triton is not installed: it publishes wheels for Linux only. On macOS or Windows, run "
+    "the Triton cells in the book's dev container (.devcontainer/), under WSL2 or in a hosted "
+    "Linux notebook."
+)
+"""Why a page's Triton cells cannot run here, in one line, for machines without Triton."""
+
+
+def triton_version() -> str | None:
+    """Triton's version (``"3.7.1"``), or None where Triton is not installed.
+
+    Only a missing ``triton`` module counts as not installed; an installed Triton
+    that fails to import raises its own error.
+    """
+    try:
+        import triton
+    except ModuleNotFoundError as err:
+        if err.name != "triton":
+            raise
+        return None
+    return triton.__version__
+
 
 def device() -> torch.device:
     """The device labs put their tensors on: ``cuda`` when present, else ``cpu``."""
@@ -42,12 +69,19 @@ def gpu_name() -> str | None:
 def describe(show: bool = True) -> str:
     """Say what this page is running on, in one line, and return that line.
 
-    Examples: ``"GPU: NVIDIA H100 80GB HBM3 (torch 2.13.0, triton 3.5.0)"`` or
-    ``"CPU, Triton interpreter (torch 2.13.0, triton 3.5.0)"``.
+    Examples: ``"GPU: NVIDIA H100 80GB HBM3 (torch 2.13.0, triton 3.5.0)"``,
+    ``"CPU (x86_64), Triton interpreter (torch 2.13.0, triton 3.5.0)"``, or without
+    Triton ``"CPU (arm64), without Triton (torch 2.13.0). Triton is not installed: ..."``
+    followed by :data:`NO_TRITON`.
     """
-    import triton
-
-    versions = f"torch {torch.__version__}, triton {triton.__version__}"
+    triton = triton_version()
+    if triton is None:
+        where = f"GPU: {gpu_name()}" if HAS_CUDA else f"CPU ({platform.machine()})"
+        text = f"{where}, without Triton (torch {torch.__version__}). {NO_TRITON}"
+        if show:
+            print(text)
+        return text
+    versions = f"torch {torch.__version__}, triton {triton}"
     if HAS_CUDA and not INTERPRETER:
         text = f"GPU: {gpu_name()} ({versions})"
     elif HAS_CUDA:
