@@ -100,10 +100,15 @@ def check_notebook(path: Path, config_path: Path, build_dir: Path, patterns: lis
         return [f"{path}: not in the executed build's cache ({nb_config.execution_cache_path}); "
                 "run `make book EXECUTE=1` first"], 0
     executed = cache.get_cache_bundle(record.pk).nb
+    # jupyter-cache keeps the code cells only: pair the notebook's code cells with the cached ones, in order.
+    code = [(i, cell) for i, cell in enumerate(notebook.cells) if cell.cell_type == "code"]
+    runs = [cell for cell in executed.cells if cell.cell_type == "code"]
+    if len(code) != len(runs):
+        return [f"{path}: {len(code)} code cells, but {len(runs)} in the cached copy; the cache is stale"], 0
     problems, compared = [], 0
-    for i, (cell, run) in enumerate(zip(notebook.cells, executed.cells)):
+    for (i, cell), run in zip(code, runs):
         tags = cell.metadata.get("tags", [])
-        if cell.cell_type != "code" or CHECK_TAG not in tags or "skip-execution" in tags:
+        if CHECK_TAG not in tags or "skip-execution" in tags:
             continue
         if run.source != cell.source:
             problems.append(f"{path} cell {i}: the cached copy has another source; the cache is stale")

@@ -45,9 +45,10 @@ def test_a_checked_cell_that_changed_fails_and_the_others_pass(tmp_path):
              _notebook(tmp_path / "b.ipynb", [("print('b')", ["nbval-check-output"])])]
     for path in paths:  # the stored outputs: what `make execute` would have written
         nb = nbformat.read(path, as_version=4)
-        nb.cells[0].outputs = [_stream("42\n" if path.name == "a.ipynb" else "b\n")]
+        nb.cells.insert(0, nbformat.v4.new_markdown_cell("# A page"))  # jupyter-cache keeps code cells only
+        nb.cells[1].outputs = [_stream("42\n" if path.name == "a.ipynb" else "b\n")]
         if path.name == "a.ipynb":
-            nb.cells[1].outputs = [_stream("anything: not checked\n")]
+            nb.cells[2].outputs = [_stream("anything: not checked\n")]
         nbformat.write(nb, path)
     run = subprocess.run([sys.executable, str(ROOT / ".ci" / "execute_cache.py"), "--config", str(config),
                           "--build-dir", str(build_dir), "--jobs", "2", "a.ipynb", "b.ipynb"],
@@ -57,9 +58,9 @@ def test_a_checked_cell_that_changed_fails_and_the_others_pass(tmp_path):
     assert check_outputs.main(args + [str(p) for p in paths]) == 0
 
     nb = nbformat.read(paths[1], as_version=4)  # a stored output that the code no longer prints
-    nb.cells[0].outputs = [_stream("c\n")]
+    nb.cells[1].outputs = [_stream("c\n")]
     nbformat.write(nb, paths[1])
     assert check_outputs.main(args + [str(p) for p in paths]) == 1
-    nb.cells[0].source = "print('c')"  # a changed source: not in the cache until executed again
+    nb.cells[1].source = "print('c')"  # a changed source: not in the cache until executed again
     nbformat.write(nb, paths[1])
     assert check_outputs.main(args + [str(paths[1])]) == 1
