@@ -10,6 +10,8 @@
 #   make lab             JupyterLab in the book's environment
 #   make nbval-portable  nbval on another CPU code path and thread count (AVX2 kernels, 2 threads):
 #                        a checked output that fails here is not portable (README, "Writing a page")
+#   make notebooks-without-triton  every notebook run top to bottom with triton unimportable, as on
+#                        macOS and Windows (.ci/run_without_triton.py; nothing is written back)
 #   make execute         re-execute every notebook in place, so stored outputs are fresh
 #   make book-repeat     `make book EXECUTE=1` RUNS times from a clean _build, reporting any stall
 #   make student         the student edition of the labs (no solutions) in _build/student/labs
@@ -30,7 +32,7 @@ NOTEBOOKS := $(shell find chapters labs -name '*.ipynb' -not -path '*/.ipynb_che
 export OMP_NUM_THREADS ?= 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: setup lock book test unit nbval nbval-portable check-outputs lab execute book-repeat clean links browser
+.PHONY: setup lock book test unit nbval nbval-portable notebooks-without-triton check-outputs lab execute book-repeat clean links browser
 MATHJAX := _mathjax/mathjax
 
 # The environment is locked. requirements.txt says what the book needs; requirements.lock pins every
@@ -140,6 +142,12 @@ lab: $(STAMP)
 # off: see .ci/execute_notebook.py.
 execute: $(STAMP)
 	printf '%s\n' $(NOTEBOOKS) | xargs -P $(JOBS) -I{} $(BIN)/python .ci/execute_notebook.py \
+		--timeout $(CELL_TIMEOUT) {}
+
+# A reader without Triton (macOS, Windows: no wheels): every notebook, JOBS at a time, with `import triton`
+# failing in its kernel; each must run to the end (Triton cells say why and show the recorded figures).
+notebooks-without-triton: $(STAMP)
+	printf '%s\n' $(NOTEBOOKS) | xargs -P $(JOBS) -I{} $(BIN)/python .ci/run_without_triton.py \
 		--timeout $(CELL_TIMEOUT) {}
 
 # Repeat the executed build from a clean _build and report stalls (.ci/repeat_book.py).

@@ -31,3 +31,13 @@ def test_wall_clock_times_cpu_work_on_any_machine():
     """``wall_clock=True``: CUDA events would not see CPU work; the host clock does."""
     seconds = bench.time_seconds(lambda: time.sleep(0.02), warmup=0, repeats=3, wall_clock=True)
     assert 0.015 < seconds < 0.5
+
+
+def test_gpu_without_triton_times_with_cuda_events(monkeypatch):
+    """A CUDA machine without Triton (Windows) must not import triton.testing: it takes CUDA events."""
+    calls = []
+    monkeypatch.setattr(bench._device, "HAS_CUDA", True)
+    monkeypatch.setattr(bench._device, "HAS_TRITON", False)
+    monkeypatch.setattr(bench, "_cuda_event_seconds", lambda fn, warmup, repeats: calls.append((warmup, repeats)) or 1e-3)
+    assert bench.time_seconds(lambda: None, warmup=2, repeats=5) == 1e-3
+    assert calls == [(2, 5)]

@@ -67,3 +67,14 @@ def test_import_utils_and_describe_work_without_triton():
     )
     assert done.returncode == 0, done.stderr
     assert device.NO_TRITON in done.stdout
+
+
+def test_require_triton_says_why_in_one_line_where_it_is_missing(monkeypatch, capsys):
+    monkeypatch.setattr(device, "HAS_TRITON", True)
+    assert device.require_triton("The kernel's check") is True
+    assert capsys.readouterr().out == ""
+    monkeypatch.setattr(device, "HAS_TRITON", False)
+    assert device.require_triton("The kernel's check") is False
+    assert capsys.readouterr().out == f"The kernel's check needs Triton: {device.NO_TRITON}\n"
+    with pytest.raises(ValueError, match="non-empty string"):
+        device.require_triton("")

@@ -3,8 +3,9 @@
 On a GPU, kernel launches are asynchronous: timing with ``time.time()`` around a
 call measures the launch, not the work. :func:`time_seconds` therefore uses
 ``triton.testing.do_bench``, which synchronises, flushes the L2 cache between
-runs and reports a quantile of many repeats. On a CPU it warms up, then takes
-the median of repeated wall-clock runs. CPU timings under Triton's interpreter
+runs and reports a quantile of many repeats; on a GPU machine without Triton
+(Windows) it times each call with CUDA events instead. On a CPU it warms up, then
+takes the median of repeated wall-clock runs. CPU timings under Triton's interpreter
 say nothing about GPU speed; pages print :data:`utils.device.INTERPRETER` beside them.
 """
 
@@ -23,7 +24,9 @@ def time_seconds(fn: Callable[[], object], warmup: int = 3, repeats: int = 10, w
 
     GPU: ``triton.testing.do_bench(fn, return_mode="median")`` (milliseconds,
     converted to seconds); ``warmup`` and ``repeats`` are then ignored in favour
-    of do_bench's own time-based counts. CPU: ``warmup`` calls, then the median
+    of do_bench's own time-based counts. GPU without Triton: ``warmup`` calls,
+    then the median of ``repeats`` calls each timed by a pair of CUDA events
+    (no L2 flush between them). CPU: ``warmup`` calls, then the median
     of ``repeats`` timed calls. ``wall_clock=True`` takes the CPU path on a GPU
     machine too: do_bench times the GPU's stream with CUDA events, which sees
     none of the work ``fn`` does on the CPU.
@@ -33,6 +36,8 @@ def time_seconds(fn: Callable[[], object], warmup: int = 3, repeats: int = 10, w
     check_nonnegative_int("warmup", warmup)
     check_positive_int("repeats", repeats)
     if _device.HAS_CUDA and not wall_clock:
+        if not _device.HAS_TRITON:
+            return _cuda_event_seconds(fn, warmup, repeats)
         import triton.testing
 
         return triton.testing.do_bench(fn, return_mode="median") * 1e-3
@@ -43,6 +48,24 @@ def time_seconds(fn: Callable[[], object], warmup: int = 3, repeats: int = 10, w
         start = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def _cuda_event_seconds(fn: Callable[[], object], warmup: int, repeats: int) -> float:
+    """Median seconds of ``fn()`` on the current CUDA stream, each call between two recorded CUDA events."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end) * 1e-3)
     return statistics.median(samples)
 
 

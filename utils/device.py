@@ -11,8 +11,9 @@ The interpreter has one trap: bfloat16 tensors come back as silent zeros
 
 Triton publishes wheels for Linux only, so on macOS and Windows it is not
 installed (requirements.txt installs it under ``sys_platform == "linux"``).
-Nothing here imports it at import time: :func:`triton_version` says whether it
-is there, and :func:`describe` says why not when it is missing.
+:data:`HAS_TRITON` says whether it is there (importing it, after the interpreter
+switch), :func:`describe` and :func:`require_triton` say why not when it is missing,
+and :mod:`utils.no_triton` stands in for it so that kernels can still be defined.
 """
 
 from __future__ import annotations
@@ -54,6 +55,23 @@ def triton_version() -> str | None:
             raise
         return None
     return triton.__version__
+
+
+HAS_TRITON: bool = triton_version() is not None
+"""True when Triton can be imported (Linux); False on macOS and Windows, where it has no wheels."""
+
+
+def require_triton(what: str) -> bool:
+    """True when Triton is installed; else print one line, ``"<what> needs Triton: " + NO_TRITON``, and return False.
+
+    A page guards its Triton cells with it: ``if device.require_triton("This check"): ...``.
+    """
+    if not isinstance(what, str) or not what:
+        raise ValueError(f"what must be a non-empty string naming what needs Triton, got {what!r}")
+    if HAS_TRITON:
+        return True
+    print(f"{what} needs Triton: {NO_TRITON}")
+    return False
 
 
 def device() -> torch.device:

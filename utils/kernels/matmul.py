@@ -19,9 +19,14 @@ calculators the lab plots and checks: :func:`tile_intensity`,
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
+from utils.device import HAS_TRITON
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+else:  # macOS, Windows: the kernels are defined, and launching one says why it cannot run
+    from utils.no_triton import tl, triton
 from utils.device import INTERPRETER, check_tensors
 from utils.validate import check_element_size, check_nonnegative_int, check_positive_int
 

@@ -36,9 +36,14 @@ are emulated); fp8 runs on a GPU only.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
+from utils.device import HAS_TRITON
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+else:  # macOS, Windows: the kernels are defined, and launching one says why it cannot run
+    from utils.no_triton import tl, triton
 from utils.device import INTERPRETER, check_tensors
 from utils.kernels.matmul import _check_block
 

@@ -21,9 +21,14 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
-import triton.language as tl
 
+from utils.device import HAS_TRITON
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+else:  # macOS, Windows: the kernels are defined, and launching one says why it cannot run
+    from utils.no_triton import tl, triton
 from utils.attention.paged_cache import PagedKVCache
 from utils.device import INTERPRETER, check_dtype
 
