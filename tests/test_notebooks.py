@@ -151,3 +151,29 @@ def test_lab_solution_cells_are_tagged_for_the_student_edition(path):
     for e in blocks:
         assert e.solution, f"{path.name}: solution block {e.label} has no code cell"
         assert e.attempt is not None, f"{path.name}: exercise {e.label} has no attempt cell before its solution"
+
+
+# A reader's prediction (my_x = ..., MY_PREDICTION = {...}) assigned a number instead of None.
+PREFILLED_PREDICTION = re.compile(r"^((?:my|MY)_\w+)\s*=\s*(.*)$", re.M)
+NUMBER = re.compile(r"(?<![\w.])-?\d[\d_]*(\.\d+)?(e-?\d+)?(?![\w.])")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_predictions_start_as_none(path):
+    """CONVENTIONS.md: a prediction the reader is asked to make starts as None, never as a number."""
+    nb = json.loads(path.read_text())
+    for index, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        for name, value in PREFILLED_PREDICTION.findall("".join(cell["source"])):
+            code = re.sub(r"'[^']*'|\"[^\"]*\"", "\"\"", value.split("#")[0])  # strings may hold digits
+            assert not NUMBER.search(code), f"{path.name} cell {index}: {name} = {code.strip()}; start it as None"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_sources_have_no_control_characters(path):
+    """A LaTeX backslash eaten by a Python string (\\a, \\b, \\f ...) leaves a control character behind."""
+    nb = json.loads(path.read_text())
+    for index, cell in enumerate(nb["cells"]):
+        bad = re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", "".join(cell["source"]))
+        assert not bad, f"{path.name} cell {index}: control character {bad.group()!r} in its source"
