@@ -22,13 +22,19 @@ import nbformat
 from nbclient import NotebookClient
 
 
-def execute(path: str, timeout: int) -> None:
+def run(path: str, timeout: int) -> nbformat.NotebookNode:
+    """The notebook at ``path`` executed top to bottom in its folder (every cell), not written back."""
     nb = nbformat.read(path, as_version=4)
     folder = os.path.dirname(os.path.abspath(path))
     client = NotebookClient(nb, timeout=timeout, skip_cells_with_tag="", resources={"metadata": {"path": folder}})
     client.widget_registry = {}
     client.execute()
-    nbformat.write(nb, path)
+    return nb
+
+
+def execute(path: str, timeout: int) -> None:
+    """Execute the notebook at ``path`` in place."""
+    nbformat.write(run(path, timeout), path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,9 +17,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-import nbformat
-from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
+
+from execute_notebook import run  # .ci/execute_notebook.py, beside this script: the same client settings
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCKER = 'raise ModuleNotFoundError("No module named \'triton\'", name="triton")\n'
@@ -35,12 +35,8 @@ def blocker_dir() -> str:
 
 def execute(path: str, timeout: int) -> str | None:
     """Run a copy of the notebook without Triton; the error of the first failing cell, or None."""
-    nb = nbformat.read(path, as_version=4)
-    folder = os.path.dirname(os.path.abspath(path))
-    client = NotebookClient(nb, timeout=timeout, skip_cells_with_tag="", resources={"metadata": {"path": folder}})
-    client.widget_registry = {}
     try:
-        client.execute()
+        run(path, timeout)
     except CellExecutionError as err:
         return str(err)
     return None

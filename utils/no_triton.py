@@ -1,8 +1,9 @@
 """Stand-ins for ``triton`` and ``triton.language`` where Triton is not installed (macOS, Windows).
 
 Triton publishes wheels for Linux only. So that a page's kernels, and the modules of
-:mod:`utils.kernels`, can still be *defined* and read there, a kernel module or a
-notebook cell imports these in Triton's place::
+:mod:`utils.kernels`, can still be *defined* and read there, a notebook cell imports
+these in Triton's place (the kernel modules take them through
+:mod:`utils.kernels.triton_or_stand_in`)::
 
     if device.HAS_TRITON:
         import triton

@@ -45,16 +45,12 @@ import math
 
 import torch
 
-from utils.device import HAS_TRITON
+from utils.attention.flash_reference import check_qkv
+from utils.device import HAS_TRITON, INTERPRETER, check_tensors
+from utils.kernels.triton_or_stand_in import tl, triton
 
 if HAS_TRITON:
-    import triton
-    import triton.language as tl
     from triton.tools.tensor_descriptor import TensorDescriptor
-else:  # macOS, Windows: the kernels are defined, and launching one says why it cannot run
-    from utils.no_triton import tl, triton
-from utils.attention.flash_reference import check_qkv
-from utils.device import INTERPRETER, check_tensors
 
 HEAD_DIMS = (16, 32, 64, 128)
 SEQ_MULTIPLE = 128

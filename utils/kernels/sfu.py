@@ -20,13 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from utils.device import HAS_TRITON
-
-if HAS_TRITON:
-    import triton
-    import triton.language as tl
-else:  # macOS, Windows: the kernels are defined, and launching one says why it cannot run
-    from utils.no_triton import tl, triton
+from utils.kernels.triton_or_stand_in import tl, triton
 from utils.device import check_tensors
 from utils.validate import check_positive_int
 
