@@ -31,6 +31,9 @@ NOTEBOOKS := $(shell find chapters labs -name '*.ipynb' -not -path '*/.ipynb_che
 # Threads per process: keep nbval's parallel kernels from fighting over the cores.
 export OMP_NUM_THREADS ?= 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
+# Notebooks run by these targets have no one watching: utils.progress prints one line, not a live bar
+# (unset for `make lab`).
+export BOOK_BATCH_EXECUTION := 1
 
 .PHONY: setup lock book test unit nbval nbval-portable notebooks-without-triton check-outputs lab execute book-repeat clean links browser
 MATHJAX := _mathjax/mathjax
@@ -136,7 +139,7 @@ nbval-portable: $(STAMP)
 # LAB_ARGS="--ip=0.0.0.0 --no-browser": reachable from outside a plain Docker container (README, "Setup").
 LAB_ARGS ?=
 lab: $(STAMP)
-	$(BIN)/jupyter lab $(LAB_ARGS)
+	env -u BOOK_BATCH_EXECUTION $(BIN)/jupyter lab $(LAB_ARGS)
 
 # JOBS notebooks at a time, every cell (the live widgets too), with nbclient's Output-widget mimic
 # off: see .ci/execute_notebook.py.

@@ -159,8 +159,9 @@ def _run_in_subprocess(path: str, timeout: float, log_dir: Path, deadline: float
         return path, NOT_STARTED, 0.0, str(log)
     timeout = min(timeout, deadline - start)
     with open(log, "w") as f:
+        env = os.environ | {"PYTHONUNBUFFERED": "1", "MPLBACKEND": "agg", "BOOK_BATCH_EXECUTION": "1"}
         proc = subprocess.Popen([sys.executable, "-m", "benchmarks.notebooks", "--one", path], stdout=f,
-                                stderr=subprocess.STDOUT, env=os.environ | {"PYTHONUNBUFFERED": "1", "MPLBACKEND": "agg"})
+                                stderr=subprocess.STDOUT, env=env)
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

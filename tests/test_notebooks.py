@@ -177,3 +177,18 @@ def test_sources_have_no_control_characters(path):
     for index, cell in enumerate(nb["cells"]):
         bad = re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", "".join(cell["source"]))
         assert not bad, f"{path.name} cell {index}: control character {bad.group()!r} in its source"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_stored_outputs_have_no_progress_bar_frames(path):
+    """A text progress bar stored by an unattended run leaves carriage-return frames in the page.
+
+    utils.progress prints one line instead when BOOK_BATCH_EXECUTION=1 (the Makefile sets it).
+    """
+    nb = json.loads(path.read_text())
+    for index, cell in enumerate(nb["cells"]):
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "stream":
+                text = "".join(output["text"])
+                assert "\r" not in text and "it/s]" not in text, (
+                    f"{path.name} cell {index}: a progress bar's frames in a stored output: {text[:80]!r}")

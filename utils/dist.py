@@ -121,6 +121,7 @@ def _worker(
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=group_timeout,
                                 device_id=device_id)
         value = fn(rank, world_size, *args)
+        _wait_for_every_rank(store, "finished", rank, world_size)
         dist.destroy_process_group()
         results.put((rank, "ok", pickle.dumps(_to_cpu(value))))
     except BaseException as exc:  # report everything, including KeyboardInterrupt and SystemExit
@@ -128,6 +129,20 @@ def _worker(
         # the parent stops every worker once it has read the error.
         failed_at = time.time()
         results.put((rank, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), failed_at))
+
+
+def _wait_for_every_rank(store: dist.Store, key: str, rank: int, world_size: int) -> None:
+    """A barrier on the store: return once every rank has set ``key/<rank>``.
+
+    Without it a rank whose function returns at once can tear its gloo
+    connections down while a peer is still finishing ``connectFullMesh`` in
+    ``init_process_group``; the peer then fails with "Connection closed by
+    peer". That happened about once in 60 two-rank spawn launches on a busy
+    2-core machine. A store barrier, unlike ``dist.barrier``, adds no collective
+    that the worker function might not expect.
+    """
+    store.set(f"{key}/{rank}", b"1")
+    store.wait([f"{key}/{r}" for r in range(world_size)])
 
 
 def _stop(processes: Sequence[mp.process.BaseProcess]) -> None:

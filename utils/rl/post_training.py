@@ -22,8 +22,8 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.figure import Figure
 from torch import nn
-from tqdm import tqdm
 
+from utils.progress import progress
 from utils.rl.objectives import dpo_loss, grpo_advantages, ppo_clip_loss
 from utils.rl.tiny_lm import PROMPT_LEN, decode, prompt_tokens, response_mask, sample, sequence_logprob, \
     token_logprobs
@@ -98,7 +98,7 @@ def train_grpo(policy: nn.Module, ref: nn.Module, problems: list[tuple[int, int]
     opt = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=lr)
     g = torch.Generator().manual_seed(seed)
     history: dict[str, list[float]] = {"reward": [], "kl": []}
-    for _ in tqdm(range(steps), desc="GRPO", mininterval=5):
+    for _ in progress(range(steps), "GRPO", mininterval=5):
         picks = torch.randint(len(problems), (prompts_per_step,), generator=g).tolist()
         prompts = prompt_tokens([problems[i] for i in picks]).repeat_interleave(group_size, 0)
         seq, logp_old = sample(policy, prompts, generator=g)
@@ -159,14 +159,16 @@ def train_dpo(policy: nn.Module, ref: nn.Module, chosen: torch.Tensor, rejected:
     with torch.no_grad():
         ref_c, ref_r = sequence_logprob(ref, chosen), sequence_logprob(ref, rejected)
     history: dict[str, list[float]] = {"loss": [], "margin": [], "eval_step": [], "reward": [], "kl": []}
-    for step in tqdm(range(steps + 1), desc="DPO", mininterval=5):
+
+    def evaluate_every(step: int) -> None:
         if eval_problems is not None and step % eval_every == 0:
             reward, kl = evaluate(policy, ref, eval_problems, seed=seed + 1)
             history["eval_step"].append(step)
             history["reward"].append(reward)
             history["kl"].append(kl)
-        if step == steps:
-            break
+
+    for step in progress(range(steps), "DPO", mininterval=5):
+        evaluate_every(step)
         idx = torch.randint(len(chosen), (batch_size,), generator=g)
         pc, pr = sequence_logprob(policy, chosen[idx]), sequence_logprob(policy, rejected[idx])
         loss = dpo_loss(pc, pr, ref_c[idx], ref_r[idx], beta=beta)
@@ -175,6 +177,7 @@ def train_dpo(policy: nn.Module, ref: nn.Module, chosen: torch.Tensor, rejected:
         opt.step()
         history["loss"].append(loss.item())
         history["margin"].append(beta * ((pc - ref_c[idx]) - (pr - ref_r[idx])).mean().item())
+    evaluate_every(steps)  # the trained policy too, when steps falls on the evaluation grid
     return history
 
 

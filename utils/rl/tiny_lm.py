@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
 
+from utils.progress import progress
 from utils.validate import check_nonnegative, check_positive, check_positive_int
 
 VOCAB = "0123456789+=._"
@@ -191,7 +191,7 @@ def train_lm(model: nn.Module, sequences: torch.Tensor, steps: int, lr: float = 
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(seed)
     losses = []
-    for _ in tqdm(range(steps), desc=desc, mininterval=5):
+    for _ in progress(range(steps), desc, mininterval=5):
         batch = sequences[torch.randint(len(sequences), (batch_size,), generator=g)]
         logits = model(batch[:, :-1])
         targets = batch[:, 1:].clone()
