@@ -43,3 +43,12 @@ def test_bad_mesh_raises():
         plot_device_mesh(dp=0)
     with pytest.raises(ValueError):
         plot_device_mesh(dp=64, pp=4, tp=8)
+
+
+def test_the_comparison_shows_what_the_planner_cannot_see():
+    from utils.parallel.planner import BLIND_SPOTS
+
+    fig = plot_published_comparison(compare())
+    texts = " ".join(t.get_text() for ax in fig.axes for t in ax.texts)
+    assert all(what in texts for what, _ in BLIND_SPOTS)
+    plt.close(fig)

@@ -72,7 +72,8 @@ def _check_stage(stage: int) -> None:
 
 
 def zero_model_state_breakdown(
-    n_params: float, n_gpus: int, stage: int, optimizer_bytes_per_param: float = 12
+    n_params: float, n_gpus: int, stage: int, optimizer_bytes_per_param: float = 12,
+    grad_bytes_per_param: float = FP16_GRAD_BYTES,
 ) -> ModelStateBytes:
     """Parameter, gradient and optimizer-state bytes per GPU under ZeRO ``stage``.
 
@@ -80,13 +81,18 @@ def zero_model_state_breakdown(
     paper, Figure 1 and section 5): parameters ``2 Psi``, gradients ``2 Psi``,
     optimizer ``K Psi``; stage >= 1 divides the optimizer term by N_d, stage
     >= 2 also the gradients, stage 3 also the parameters.
+    ``grad_bytes_per_param`` is 2 in the ZeRO paper's fp16 recipe (2 + 2 + 12
+    = 16 bytes); runs that keep bf16 weights but accumulate gradients in fp32
+    pass 4 (Megatron-LM's distributed-optimizer docs: 18 bytes per parameter
+    for "bf16 param, fp32 grads"; Llama 3, section 3.3.2).
     """
     check_positive("n_params", n_params)
     check_positive_int("n_gpus", n_gpus)
     _check_stage(stage)
     check_nonnegative("optimizer_bytes_per_param", optimizer_bytes_per_param)
+    check_positive("grad_bytes_per_param", grad_bytes_per_param)
     psi, k, nd = float(n_params), float(optimizer_bytes_per_param), n_gpus
-    params, grads, optim = FP16_PARAM_BYTES * psi, FP16_GRAD_BYTES * psi, k * psi
+    params, grads, optim = FP16_PARAM_BYTES * psi, float(grad_bytes_per_param) * psi, k * psi
     if stage >= 1:
         optim /= nd
     if stage >= 2:

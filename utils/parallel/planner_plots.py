@@ -10,10 +10,10 @@ from typing import Sequence
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
+from matplotlib.patches import Patch, Rectangle
 
-from utils.parallel.planner import COMPUTE_EFFICIENCY, Layout, Plan, plan
-from utils.parallel.published_runs import PUBLISHED_RUNS, Comparison
+from utils.parallel.planner import BLIND_SPOTS, COMPUTE_EFFICIENCY, Layout, Plan, plan
+from utils.parallel.published_runs import MEGATRON_RUNS, PUBLISHED_RUNS, Comparison
 from utils.validate import check_positive_int
 
 _GB = 1e9
@@ -78,7 +78,7 @@ def _draw_plan(axes: Sequence, p: Plan) -> None:
     mem_ax.axvline(p.capacity_bytes / _GB, color="black", ls="--", lw=1)
     mem_ax.text(p.capacity_bytes / _GB, 0.0, " HBM", va="center", fontsize=8)
     verdict = "fits" if p.fits else "does NOT fit"
-    mem_ax.set_title(f"memory on the first stage: {p.memory_bytes / _GB:.1f} GB, {verdict}", fontsize=9)
+    mem_ax.set_title(f"memory on the fullest stage ({p.stage}): {p.memory_bytes / _GB:.1f} GB, {verdict}", fontsize=9)
     mem_ax.set_xlabel("GB per GPU")
     mem_ax.set_xlim(0, max(left, p.capacity_bytes / _GB) * 1.1)
     left = 0.0
@@ -126,7 +126,7 @@ def plot_planner(run: str = "GPT 145.6B", tp: int = 8, pp: int = 8, micro_batch:
         layout = Layout(dp=r.cluster.n_gpus // (tp * pp), tp=tp, pp=pp, micro_batch=micro_batch,
                         global_batch=r.layout.global_batch, v=v, zero_stage=zero_stage,
                         sequence_parallel=sequence_parallel, recompute=recompute,
-                        balance_embedding=r.layout.balance_embedding)
+                        balance_embedding=r.layout.balance_embedding, grad_bytes=r.layout.grad_bytes)
         _draw_plan(axes, plan(r.model, r.cluster, layout, efficiency=efficiency))
         fig.suptitle(f"{r.name} on {r.cluster.n_gpus:,} {r.cluster.gpu}: dp={layout.dp}, tp={tp}, pp={pp}, "
                      f"m={layout.microbatches}", fontsize=10)
@@ -138,26 +138,47 @@ def plot_planner(run: str = "GPT 145.6B", tp: int = 8, pp: int = 8, micro_batch:
     return fig
 
 
-def plot_published_comparison(rows: Sequence[Comparison], bound: float = 0.25) -> Figure:
-    """Published vs predicted TFLOP/s per GPU for each run (left), and the relative error (right)."""
+def plot_published_comparison(rows: Sequence[Comparison], bound: float = 0.25, blind_spots: bool = True) -> Figure:
+    """Published vs predicted TFLOP/s per GPU (left), the relative error (middle) and what the planner cannot see.
+
+    Rows of Megatron's Table 1, on which the efficiency is fitted, are drawn in
+    sample; the others (Llama 3) out of sample. ``blind_spots`` adds
+    :data:`utils.parallel.planner.BLIND_SPOTS` as a table on the right.
+    """
     names = [row.run.name.replace("Llama 3 405B, ", "Llama 3\n") for row in rows]
     published = [row.run.tflops_per_gpu.value for row in rows]
     predicted = [row.predicted_tflops_per_gpu for row in rows]
     errors = [100 * row.relative_error for row in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.8))
+    fitted = [row.run in MEGATRON_RUNS for row in rows]
+    widths = (1.0, 1.0, 1.5) if blind_spots else (1.0, 1.0)
+    fig, axes = plt.subplots(1, len(widths), figsize=(14.0 if blind_spots else 9.5, 3.9),
+                             gridspec_kw={"width_ratios": widths})
+    left, right = axes[0], axes[1]
     y = range(len(rows))
     left.barh([i + 0.2 for i in y], published, height=0.4, color="tab:grey", label="published")
-    left.barh([i - 0.2 for i in y], predicted, height=0.4, color="tab:blue", label="planner")
+    left.barh([i - 0.2 for i in y], predicted, height=0.4, color=["tab:blue" if f else "tab:purple" for f in fitted],
+              label="planner")
     left.set_yticks(list(y), names, fontsize=7)
     left.invert_yaxis()
     left.set_xlabel("TFLOP/s per GPU")
     left.legend(fontsize=8)
-    right.axvspan(-100 * bound, 100 * bound, color="tab:green", alpha=0.12, label=f"±{bound:.0%}")
-    right.barh(list(y), errors, color=["tab:red" if abs(e) > 100 * bound else "tab:blue" for e in errors])
+    right.axvspan(-100 * bound, 100 * bound, color="tab:green", alpha=0.12)
+    colours = ["tab:red" if abs(e) > 100 * bound else ("tab:blue" if f else "tab:purple")
+               for e, f in zip(errors, fitted)]
+    right.barh(list(y), errors, color=colours)
     right.axvline(0, color="black", lw=0.8)
     right.set_yticks(list(y), [""] * len(rows))
     right.invert_yaxis()
     right.set_xlabel("planner / published - 1 (%)")
-    right.legend(fontsize=8)
+    handles = [Patch(color="tab:green", alpha=0.12, label=f"±{bound:.0%}"),
+               Patch(color="tab:blue", label="in sample (fitted)"), Patch(color="tab:purple", label="out of sample")]
+    right.legend(handles=handles, fontsize=7)
+    if blind_spots:
+        table = axes[2]
+        table.axis("off")
+        table.set_title("what the planner cannot see", fontsize=9, loc="left")
+        for i, (what, _) in enumerate(BLIND_SPOTS):
+            table.text(0.0, 1 - (i + 0.5) / len(BLIND_SPOTS), f"• {what}", fontsize=8, va="center",
+                       transform=table.transAxes)
     fig.tight_layout()
     return fig

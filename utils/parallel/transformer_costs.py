@@ -16,8 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from utils.gpu.tensor_cores import n_tiles, tile_quantization_efficiency, wave_quantization_efficiency
 from utils.parallel.memory import RECOMPUTE_KINDS
 from utils.validate import check_positive_int
+
+GEMM_TILES = ((128, 256), (256, 128), (128, 128), (64, 128), (128, 64))
+"""Output tile shapes a cuBLAS-like library chooses among (each GEMM gets its best, as a heuristic would)."""
 
 
 def check_recompute(recompute: str) -> None:
@@ -64,6 +68,52 @@ class Model:
     def kv_dim(self) -> int:
         """Width of K (and of V): ``kv_heads x head_dim``."""
         return (self.kv_heads or self.heads) * (self.hidden // self.heads)
+
+    def kv_width_per_rank(self, tp: int) -> int:
+        """Width of K (and of V) on one of ``tp`` ranks: ``kv_dim / tp``, or one whole head if ``tp > kv_heads``.
+
+        Megatron-core splits the KV heads (query groups) over TP with
+        ``divide(num_query_groups, tp)``, so ``tp`` must divide ``kv_heads``;
+        past that, each rank needs a whole KV head, replicated ``tp / kv_heads``
+        times (what inference engines do). ``ValueError`` if neither divides the other.
+        """
+        t, kv = check_positive_int("tp", tp), self.kv_heads or self.heads
+        if kv % t and t % kv:
+            raise ValueError(f"tp must divide the number of KV heads ({kv}) or be a multiple of it "
+                             f"(KV heads replicated), got tp={t}")
+        return max(self.kv_dim // t, self.hidden // self.heads)
+
+    def gemm_shapes(self, tokens: int, tp: int = 1) -> list[tuple[int, int, int]]:
+        """``(M, N, K)`` of one layer's forward GEMMs on one of ``tp`` ranks, for ``tokens`` rows.
+
+        QKV ``(T, (h + 2 kv)/t, h)``, attention output ``(T, h, h/t)``, FFN in
+        ``(T, (1 or 2) ffn/t, h)``, FFN out ``(T, h, ffn/t)`` (Megatron's column-
+        then row-parallel split). The attention scores, per head, do not depend on t and are left out.
+        """
+        T, t, h = check_positive_int("tokens", tokens), check_positive_int("tp", tp), self.hidden
+        return [(T, h // t + 2 * self.kv_width_per_rank(t), h), (T, h, h // t),
+                (T, (2 if self.gated_ffn else 1) * self.ffn_size // t, h), (T, h, self.ffn_size // t)]
+
+    def gemm_quantization_efficiency(self, tokens: int, tp: int, n_sms: int) -> float:
+        """FLOP-weighted tile x wave quantization efficiency of one layer's GEMMs on one rank.
+
+        NVIDIA, "Matrix Multiplication Background User's Guide", chapter 3
+        (:mod:`utils.gpu.tensor_cores`): an ``M x N`` output cut into tiles
+        wastes the part of its edge tiles outside the matrix, and the last of
+        its waves of ``n_sms`` tiles may be part empty. Each GEMM of
+        :meth:`gemm_shapes`, and its two backward GEMMs (outputs ``M x K`` and
+        ``K x N``), takes the best of :data:`GEMM_TILES`. Tensor parallelism
+        shrinks N or K by t, so this falls as t grows; it is 1 for tiles that fill whole waves.
+        """
+        check_positive_int("n_sms", n_sms)
+        num = den = 0.0
+        for m, n, k in self.gemm_shapes(tokens, tp):
+            for rows, cols in ((m, n), (m, k), (k, n)):
+                eff = max(tile_quantization_efficiency(rows, cols, tm, tn)
+                          * wave_quantization_efficiency(n_tiles(rows, cols, tm, tn), n_sms) for tm, tn in GEMM_TILES)
+                num += m * n * k * eff
+                den += m * n * k
+        return num / den
 
     @property
     def params_per_layer(self) -> int:
