@@ -25,27 +25,32 @@ class SavedActivations:
     shapes: list[tuple[int, ...]] = field(default_factory=list)
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A ``DTensor``'s shard on this rank (it owns no storage itself); any other tensor unchanged."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def saved_activation_bytes(fn: Callable[[], Any], exclude: Iterable[torch.Tensor] = ()
                            ) -> tuple[Any, SavedActivations]:
     """``(fn(), saved)``: run ``fn`` and count the bytes of every storage autograd saved during it.
 
     Each storage is counted once (by its address), with its full size; tensors
     whose storage is one of ``exclude``'s (pass the model's parameters) are not
-    counted. Raises ``ValueError`` if ``fn`` is not callable.
+    counted. A ``DTensor`` counts as its local shard. Raises ``ValueError`` if ``fn`` is not callable.
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {type(fn).__name__}")
-    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    skip = {_local(t).untyped_storage().data_ptr() for t in exclude}
     seen: set[int] = set()
     saved = SavedActivations()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
+        storage = _local(t).untyped_storage()
         key = storage.data_ptr()
         if key not in skip and key not in seen and storage.nbytes() > 0:
             seen.add(key)
             saved.nbytes += storage.nbytes()
-            saved.shapes.append(tuple(t.shape))
+            saved.shapes.append(tuple(_local(t).shape))
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
