@@ -32,6 +32,8 @@ ring_allreduce_time``; nothing is re-exported here):
   along the sequence as autograd functions, the linear that saves only the sequence slice and
   all-gathers it again in backward, and the all-reduce of replicated (LayerNorm) gradients;
 - :mod:`utils.parallel.saved_activations`: the bytes autograd saves for backward, measured;
+- :mod:`utils.parallel.paper_layer`: the GPT layer Korthikanti et al. count, on one process and
+  tensor + sequence parallel (34/t, measured);
 - :mod:`utils.parallel.vocab_parallel`: the vocabulary-parallel embedding and cross-entropy;
 - :mod:`utils.parallel.head_sharding`: query and KV heads per tensor-parallel rank under GQA;
 - :mod:`utils.parallel.dropout_rng`: Megatron's dropout RNG tracker (shared and per-rank streams);

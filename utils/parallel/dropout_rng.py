@@ -10,7 +10,10 @@ Megatron keeps two generator states (``model_parallel_cuda_manual_seed`` and
 ``CudaRNGStatesTracker`` in ``megatron/core/tensor_parallel/random.py``): the
 default one seeded with ``seed`` on every rank, and a tracked one seeded with
 ``seed + 2718 + tp_rank``, which code inside a parallel region enters with
-``with get_cuda_rng_tracker().fork():``. (Pipeline stages get ``seed + 100
+``with get_cuda_rng_tracker().fork():``. With sequence parallelism the
+"replicated" regions hold different tokens on each rank, so their dropout must
+differ too: Megatron-LM then runs the whole transformer block inside the fork
+(``megatron/core/transformer/transformer_block.py``). (Pipeline stages get ``seed + 100
 pp_rank`` before this, in ``megatron/training/initialize.py``; data-parallel
 replicas share the seed unless ``--data-parallel-random-init``: they see
 different data anyway.)

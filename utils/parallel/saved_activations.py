@@ -19,10 +19,11 @@ import torch
 
 @dataclass
 class SavedActivations:
-    """What one forward pass saved for backward: total bytes, and the shapes of the saved tensors in order."""
+    """What one forward pass saved for backward: total bytes, and each storage's shape and bytes, in order."""
 
     nbytes: int = 0
     shapes: list[tuple[int, ...]] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)  # bytes of each storage, in the order of ``shapes``
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -51,6 +52,7 @@ def saved_activation_bytes(fn: Callable[[], Any], exclude: Iterable[torch.Tensor
             seen.add(key)
             saved.nbytes += storage.nbytes()
             saved.shapes.append(tuple(_local(t).shape))
+            saved.sizes.append(storage.nbytes())
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

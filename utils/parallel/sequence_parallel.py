@@ -98,7 +98,7 @@ def split_sequence(full: torch.Tensor, seq_dim: int = 0, group: dist.ProcessGrou
     if full.shape[dim] % t:
         raise ValueError(f"sequence parallelism needs a sequence length divisible by the tensor-parallel size: "
                          f"{full.shape[dim]} tokens over {t} ranks")
-    return full.chunk(t, dim=dim)[rank].contiguous()
+    return full.chunk(t, dim=dim)[rank].clone(memory_format=torch.contiguous_format)  # a view would keep all of full
 
 
 class GatherFromSequenceParallelRegion(torch.autograd.Function):
