@@ -29,7 +29,14 @@ ring_allreduce_time``; nothing is re-exported here):
 - :mod:`utils.parallel.tensor_parallel`: Megatron-LM tensor parallelism: f and g, column- and
   row-parallel linears, the tensor-parallel MLP and attention split by heads;
 - :mod:`utils.parallel.sequence_parallel`: sequence parallelism's all-gather / reduce-scatter
-  along the sequence as autograd functions, and the all-reduce of replicated (LayerNorm) gradients;
+  along the sequence as autograd functions, the linear that saves only the sequence slice and
+  all-gathers it again in backward, and the all-reduce of replicated (LayerNorm) gradients;
+- :mod:`utils.parallel.saved_activations`: the bytes autograd saves for backward, measured;
+- :mod:`utils.parallel.paper_layer`: the GPT layer Korthikanti et al. count, on one process and
+  tensor + sequence parallel (34/t, measured);
+- :mod:`utils.parallel.vocab_parallel`: the vocabulary-parallel embedding and cross-entropy;
+- :mod:`utils.parallel.head_sharding`: query and KV heads per tensor-parallel rank under GQA;
+- :mod:`utils.parallel.dropout_rng`: Megatron's dropout RNG tracker (shared and per-rank streams);
 - :mod:`utils.parallel.pipeline`: pipeline schedules (GPipe, 1F1B, interleaved 1F1B)
   simulated, their bubble against the closed forms, micro-batches in flight;
 - :mod:`utils.parallel.pipeline_exec`: a schedule run for real, one stage per rank,

@@ -14,11 +14,14 @@ second linear. Attention is split by heads (Figure 3b). Two conjugate operators
 (section 3, Figure 3) carry the communication:
 
 * ``f`` (:class:`CopyToTensorParallelRegion`): identity forward, all-reduce backward;
-* ``g`` (:class:`ReduceFromTensorParallelRegion`): all-reduce forward, identity backward.
+* ``g`` (:class:`ReduceFromTensorParallelRegion`): all-reduce forward, identity backward
+  (Korthikanti et al. call this one ``f-bar``, and use ``g`` for the all-gather below).
 
 With sequence parallelism (Korthikanti et al. 2022, arXiv:2205.05198, section
-4.2.2) ``f`` becomes an all-gather along the sequence and ``g`` a
-reduce-scatter (:mod:`utils.parallel.sequence_parallel`). Tensors are
+4.2.2) ``f`` becomes an all-gather along the sequence fused with the linear
+layers behind it, which save only the sequence shard and all-gather it again in
+backward (:class:`utils.parallel.sequence_parallel.AllGatherLinears`), and ``g``
+a reduce-scatter (:mod:`utils.parallel.sequence_parallel`). Tensors are
 batch-first, ``[batch, seq, hidden]``, as PyTorch's ``SequenceParallel`` style
 shards them (``Shard(1)``).
 """
@@ -30,7 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from utils.parallel.sequence_parallel import gather_from_sequence_parallel, reduce_scatter_to_sequence_parallel
+from utils.parallel.sequence_parallel import all_gather_linears, reduce_scatter_to_sequence_parallel
 from utils.validate import check_positive_int
 
 SEQ_DIM = 1  # batch-first activations: [batch, seq, hidden]
@@ -91,9 +94,12 @@ def _check_linear(linear: nn.Module) -> None:
 class ColumnParallelLinear(nn.Module):
     """This rank's output features of a linear layer: ``X W_r^T + b_r``; the output stays split (not gathered).
 
-    The input enters through ``f`` (or, with ``sequence_parallel``, through the
-    all-gather along the sequence); ``communicate_input=False`` leaves that to
-    the caller, for several layers that share one input (attention's q, k, v).
+    The input enters through ``f``; with ``sequence_parallel`` it is this rank's
+    slice of the sequence, all-gathered by :func:`all_gather_linears`, which
+    saves only the slice for backward and all-gathers it again there
+    (Korthikanti et al. section 4.2.2). ``communicate_input=False`` leaves the
+    communication to the caller, for several layers that share one input
+    (attention's q, k, v: :class:`TensorParallelSelfAttention`).
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: dist.ProcessGroup | None = None,
@@ -104,8 +110,10 @@ class ColumnParallelLinear(nn.Module):
         self.group, self.sequence_parallel, self.communicate_input = group, sequence_parallel, communicate_input
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.communicate_input and self.sequence_parallel:
+            return all_gather_linears(x, [(self.weight, self.bias)], SEQ_DIM, self.group)[0]
         if self.communicate_input:
-            x = enter_tensor_parallel_region(x, self.group, self.sequence_parallel)
+            x = f(x, self.group)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -130,15 +138,9 @@ class RowParallelLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def enter_tensor_parallel_region(x: torch.Tensor, group: dist.ProcessGroup | None = None,
-                                 sequence_parallel: bool = False) -> torch.Tensor:
-    """``f``, or with sequence parallelism the all-gather of the sequence (``g`` of Korthikanti et al.)."""
-    return gather_from_sequence_parallel(x, SEQ_DIM, group) if sequence_parallel else f(x, group)
-
-
 def leave_tensor_parallel_region(x: torch.Tensor, group: dist.ProcessGroup | None = None,
                                  sequence_parallel: bool = False) -> torch.Tensor:
-    """``g``, or with sequence parallelism the reduce-scatter along the sequence (``g-bar`` of Korthikanti et al.)."""
+    """``g``, or with sequence parallelism the reduce-scatter along the sequence (Korthikanti's ``g-bar``)."""
     return reduce_scatter_to_sequence_parallel(x, SEQ_DIM, group) if sequence_parallel else g(x, group)
 
 
@@ -193,12 +195,17 @@ class TensorParallelMLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
-def _attend(x: torch.Tensor, q: nn.Module, k: nn.Module, v: nn.Module, head_dim: int) -> torch.Tensor:
-    """Causal attention over whatever heads ``q``, ``k``, ``v`` produce (all of them, or this rank's)."""
-    b, s, _ = x.shape
-    heads = [m(x).view(b, s, -1, head_dim).transpose(1, 2) for m in (q, k, v)]  # [b, heads, s, head_dim]
+def _attend_projected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Causal attention of projected ``[b, s, heads * head_dim]`` queries, keys and values."""
+    b, s, _ = q.shape
+    heads = [t.view(b, s, -1, head_dim).transpose(1, 2) for t in (q, k, v)]  # [b, heads, s, head_dim]
     y = F.scaled_dot_product_attention(*heads, is_causal=True)
     return y.transpose(1, 2).reshape(b, s, -1)
+
+
+def _attend(x: torch.Tensor, q: nn.Module, k: nn.Module, v: nn.Module, head_dim: int) -> torch.Tensor:
+    """Causal attention over whatever heads ``q``, ``k``, ``v`` produce (all of them, or this rank's)."""
+    return _attend_projected(q(x), k(x), v(x), head_dim)
 
 
 class SelfAttention(nn.Module):
@@ -227,7 +234,9 @@ class TensorParallelSelfAttention(nn.Module):
     ``q``, ``k``, ``v`` are column-parallel (a head's features are contiguous
     output features), ``out`` is row-parallel. One ``f`` serves all three
     projections, so like the MLP it does one all-reduce in forward and one in
-    backward. ``ValueError`` unless ``t`` divides the number of heads.
+    backward; with ``sequence_parallel``, one :func:`all_gather_linears` serves
+    them (one all-gather forward; one all-gather and one reduce-scatter
+    backward). ``ValueError`` unless ``t`` divides the number of heads.
     """
 
     def __init__(self, attention: SelfAttention, group: dist.ProcessGroup | None = None,
@@ -243,6 +252,9 @@ class TensorParallelSelfAttention(nn.Module):
         self.out = row_parallel(attention.out, group, sequence_parallel=sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = enter_tensor_parallel_region(x, self.group, self.sequence_parallel)
+        if self.sequence_parallel:
+            qkv = all_gather_linears(x, [(m.weight, m.bias) for m in (self.q, self.k, self.v)], SEQ_DIM, self.group)
+            return self.out(_attend_projected(*qkv, self.head_dim))
+        x = f(x, self.group)
         return self.out(_attend(x, self.q, self.k, self.v, self.head_dim))
 
