@@ -54,6 +54,8 @@ ring_allreduce_time``; nothing is re-exported here):
   transformer (GQA, gated FFN);
 - :mod:`utils.parallel.planner`: memory per GPU and step time of a DP x TP x PP layout, fits or
   not, MFU;
+- :mod:`utils.parallel.stage_memory`: bytes per GPU on each pipeline stage: model state, and the
+  activations in flight counted on Megatron's schedule (interleaving, unequal chunks);
 - :mod:`utils.parallel.published_runs`: Megatron-LM and Llama 3 runs with their layouts, and the
   planner against them;
 - :mod:`utils.parallel.planner_plots`: the device-mesh, plan and comparison figures of the

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from utils.gpu.tensor_cores import n_tiles, tile_quantization_efficiency, wave_quantization_efficiency
+from utils.parallel.head_sharding import kv_head_sharding
 from utils.parallel.memory import RECOMPUTE_KINDS
 from utils.validate import check_positive_int
 
@@ -75,13 +76,12 @@ class Model:
         Megatron-core splits the KV heads (query groups) over TP with
         ``divide(num_query_groups, tp)``, so ``tp`` must divide ``kv_heads``;
         past that, each rank needs a whole KV head, replicated ``tp / kv_heads``
-        times (what inference engines do). ``ValueError`` if neither divides the other.
+        times (what inference engines do): :func:`utils.parallel.head_sharding.kv_head_sharding`.
+        ``ValueError`` if neither divides the other.
         """
-        t, kv = check_positive_int("tp", tp), self.kv_heads or self.heads
-        if kv % t and t % kv:
-            raise ValueError(f"tp must divide the number of KV heads ({kv}) or be a multiple of it "
-                             f"(KV heads replicated), got tp={t}")
-        return max(self.kv_dim // t, self.hidden // self.heads)
+        sharding = kv_head_sharding(self.heads, self.kv_heads or self.heads, check_positive_int("tp", tp),
+                                    replicate_kv=True)
+        return sharding.kv_heads_per_rank * (self.hidden // self.heads)
 
     def gemm_shapes(self, tokens: int, tp: int = 1) -> list[tuple[int, int, int]]:
         """``(M, N, K)`` of one layer's forward GEMMs on one of ``tp`` ranks, for ``tokens`` rows.
