@@ -60,6 +60,14 @@ def triton_version() -> str | None:
 HAS_TRITON: bool = triton_version() is not None
 """True when Triton can be imported (Linux); False on macOS and Windows, where it has no wheels."""
 
+TRITON_ON_GPU: bool = HAS_CUDA and HAS_TRITON and not INTERPRETER
+"""True when Triton kernels compile for this machine's GPU: CUDA, Triton installed, no interpreter.
+
+A page's GPU timings of its Triton kernels are guarded by it, not by :data:`HAS_CUDA`
+alone: a Windows machine with an NVIDIA GPU has CUDA but no Triton wheel, and there
+those cells show the recorded figures instead.
+"""
+
 
 def require_triton(what: str) -> bool:
     """True when Triton is installed; else print one line, ``"<what> needs Triton: " + NO_TRITON``, and return False.
