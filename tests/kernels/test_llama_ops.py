@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from utils.attention.llama import apply_rope, rms_norm as rms_norm_reference, rope_angles
+from utils.attention.rope import neox_permutation
 from utils.device import device, manual_seed
 from utils.kernels.llama_ops import rms_norm, rope, swiglu_gate
 
@@ -29,13 +30,23 @@ def test_rms_norm_forward_and_backward_match_torch(shape, dtype):
     torch.testing.assert_close(dw.double(), dw_ref, rtol=tol["rtol"] * 10, atol=tol["atol"] * shape[0] * 10)
 
 
+@pytest.mark.parametrize("layout", ["interleaved", "neox"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("shape", [(1, 1, 5, 2), (2, 3, 17, 64), (1, 4, 9, 6)])
-def test_rope_matches_the_reference(shape, dtype):
+def test_rope_matches_the_reference(shape, dtype, layout):
     manual_seed(0)
     x = torch.randn(shape, device=device()).to(dtype)
     cos, sin = (t.to(device()) for t in rope_angles(shape[-2], shape[-1]))
-    torch.testing.assert_close(rope(x, cos, sin), apply_rope(x, cos, sin), **TOLERANCE[dtype])
+    torch.testing.assert_close(rope(x, cos, sin, layout), apply_rope(x, cos, sin, layout), **TOLERANCE[dtype])
+
+
+def test_rope_layouts_agree_after_the_permutation():
+    manual_seed(0)
+    x = torch.randn(2, 2, 7, 16, device=device())
+    cos, sin = (t.to(device()) for t in rope_angles(7, 16))
+    perm = neox_permutation(16).to(device())
+    torch.testing.assert_close(rope(x[..., perm].contiguous(), cos, sin, "neox"), rope(x, cos, sin)[..., perm])
+    assert (rope(x, cos, sin, "neox") - rope(x, cos, sin)).abs().max() > 0.1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -55,6 +66,8 @@ def test_bad_input_raises():
         rms_norm(x.t(), torch.ones(4, device=device()))
     with pytest.raises(ValueError, match="cos must be float32 of shape"):
         rope(x.view(1, 4, 8), torch.ones(4, 3, device=device()), torch.ones(4, 4, device=device()))
+    with pytest.raises(ValueError, match="layout must be one of"):
+        rope(x.view(1, 4, 8), torch.ones(4, 4, device=device()), torch.ones(4, 4, device=device()), layout="gptj")
     with pytest.raises(ValueError, match="even head_dim"):
         rope(torch.randn(4, 7, device=device()), torch.ones(4, 3), torch.ones(4, 3))
     with pytest.raises(ValueError, match="same shape"):

@@ -4,6 +4,10 @@ Modules:
 
 - :mod:`utils.attention.llama`: RMSNorm, SwiGLU, RoPE, grouped-query
   attention with a KV cache, and a tiny LLaMA-style decoder built from them;
+- :mod:`utils.attention.rope`: RoPE's two layouts (Meta's interleaved pairs, Hugging Face's
+  NeoX halves) and the q/k weight permutation between them;
+- :mod:`utils.attention.rope_scaling`: long-context RoPE: what position interpolation,
+  NTK-aware scaling, YaRN and Llama 3.1 do to each frequency;
 - :mod:`utils.attention.llama_sizes`: the parameter count of a LLaMA-style decoder, by kind,
   and LLaMA-1's published sizes (Table 2) to check it against;
 - :mod:`utils.attention.mla`: multi-head latent attention, naive and with

@@ -28,7 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from utils.validate import check_positive, check_positive_int
+from utils.attention.rope import apply_rope, check_layout, rope_angles
+from utils.validate import check_positive_int
+
+__all__ = ["Attention", "Block", "LlamaConfig", "TinyLlama", "apply_rope", "rms_norm", "rope_angles",
+           "swiglu_hidden_size"]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -48,31 +52,12 @@ def swiglu_hidden_size(dim: int, multiple_of: int = 256) -> int:
     return multiple_of * math.ceil(hidden / multiple_of)
 
 
-def rope_angles(seq_len: int, head_dim: int, base: float = 10000.0, start: int = 0,
-                device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cos`` and ``sin`` of ``m * theta_i`` for positions ``start .. start + seq_len - 1``: shape ``(seq_len, head_dim/2)``,
-    in fp32 on ``device`` (the CPU by default). The angles are computed in fp64 on the CPU, then cast and moved."""
-    check_positive_int("head_dim", head_dim)
-    if head_dim % 2:
-        raise ValueError(f"RoPE rotates pairs of dimensions, so head_dim must be even, got {head_dim}")
-    check_positive("base", base)
-    theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    positions = torch.arange(start, start + seq_len, dtype=torch.float64)
-    angles = torch.outer(positions, theta)
-    return angles.cos().float().to(device), angles.sin().float().to(device)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs ``(x_{2i}, x_{2i+1})`` of the last dim of ``x`` (``(..., seq, head_dim)``) by the angles."""
-    pairs = x.float().unflatten(-1, (-1, 2))
-    even, odd = pairs[..., 0], pairs[..., 1]
-    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
-    return rotated.flatten(-2).to(x.dtype)
-
-
 @dataclass(frozen=True)
 class LlamaConfig:
-    """Sizes of a LLaMA-style decoder; ``ffn_hidden`` defaults to :func:`swiglu_hidden_size`."""
+    """Sizes of a LLaMA-style decoder; ``ffn_hidden`` defaults to :func:`swiglu_hidden_size`.
+
+    ``rope_layout`` is ``"interleaved"`` (Meta's checkpoints) or ``"neox"`` (Hugging Face's).
+    """
 
     vocab: int = 256
     dim: int = 64
@@ -82,6 +67,7 @@ class LlamaConfig:
     ffn_hidden: int | None = None
     rope_base: float = 10000.0
     eps: float = 1e-6
+    rope_layout: str = "interleaved"
 
     def __post_init__(self) -> None:
         for name in ("vocab", "dim", "n_layers", "n_heads", "n_kv_heads"):
@@ -90,6 +76,7 @@ class LlamaConfig:
             raise ValueError(f"dim ({self.dim}) must be a multiple of n_heads ({self.n_heads})")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        check_layout(self.rope_layout)
 
     @property
     def head_dim(self) -> int:
@@ -119,7 +106,7 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, s, c.n_kv_heads, c.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, c.n_kv_heads, c.head_dim).transpose(1, 2)
         cos, sin = rope_angles(s, c.head_dim, c.rope_base, start, device=x.device)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q, cos, sin, c.rope_layout), apply_rope(k, cos, sin, c.rope_layout)
         if cache is not None:
             if cache:
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)

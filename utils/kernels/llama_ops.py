@@ -10,9 +10,11 @@ bandwidth; the references they are checked against are in
   ``dx = r * g - x * r^3 * mean(g * x)`` and ``dw = sum over rows of dy * x * r``;
   each backward program accumulates ``dw`` over its rows in registers and
   writes one partial row, summed afterwards.
-- RoPE (Su et al. 2021): rotate the adjacent pairs ``(x_{2i}, x_{2i+1})`` of
-  every row of ``(..., seq, head_dim)`` by ``m * theta_i``, from ``cos`` and
-  ``sin`` tables of shape ``(seq, head_dim / 2)``.
+- RoPE (Su et al. 2021): rotate the pairs of every row of
+  ``(..., seq, head_dim)`` by ``m * theta_i``, from ``cos`` and ``sin`` tables of
+  shape ``(seq, head_dim / 2)``; the pairs are adjacent ``(x_{2i}, x_{2i+1})``
+  (``layout="interleaved"``, Meta's) or halves ``(x_i, x_{i+d/2})``
+  (``layout="neox"``, Hugging Face's): :mod:`utils.attention.rope`.
 - SwiGLU's gate (Shazeer 2020): ``SiLU(a) * b = a * sigmoid(a) * b`` in one pass.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from utils.attention.rope import check_layout
 from utils.kernels.triton_or_stand_in import tl, triton
 from utils.device import check_tensors
 from utils.validate import check_positive
@@ -117,33 +120,45 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
 
 @triton.jit
 def rope_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, n_rows, seq_len, half_dim,
-                BLOCK_ROWS: tl.constexpr, BLOCK_HALF: tl.constexpr):
+                BLOCK_ROWS: tl.constexpr, BLOCK_HALF: tl.constexpr, NEOX: tl.constexpr):
     """Rotate the pairs of ``BLOCK_ROWS`` rows; row ``r`` is at position ``r % seq_len``.
 
-    The tile is loaded and stored contiguously (wide, coalesced accesses) and split into its even and odd
-    elements in registers; loading ``x[2i]`` and ``x[2i+1]`` as two stride-2 gathers instead issues narrow
-    2-byte loads and ran at 6% of an H100's bandwidth (labs/03-attention/01).
+    Interleaved (``NEOX`` false): the tile is loaded and stored contiguously (wide, coalesced accesses) and split
+    into its even and odd elements in registers; loading ``x[2i]`` and ``x[2i+1]`` as two stride-2 gathers instead
+    issues narrow 2-byte loads and ran at 6% of an H100's bandwidth (labs/03-attention/01). NeoX: the two halves
+    ``x[:d/2]`` and ``x[d/2:]`` are each contiguous, so two plain loads need no split at all.
     """
     rows = (tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)[:, None]).to(tl.int64)
-    cols = tl.arange(0, 2 * BLOCK_HALF)[None, :]
-    mask = (rows < n_rows) & (cols < 2 * half_dim)
-    x = tl.load(x_ptr + rows * 2 * half_dim + cols, mask=mask, other=0.0).to(tl.float32)
-    even, odd = tl.split(tl.reshape(x, (BLOCK_ROWS, BLOCK_HALF, 2)))
     i = tl.arange(0, BLOCK_HALF)[None, :]
+    pair_mask = (rows < n_rows) & (i < half_dim)
     table = (rows % seq_len) * half_dim + i
-    c = tl.load(cos_ptr + table, mask=(rows < n_rows) & (i < half_dim), other=0.0)
-    s = tl.load(sin_ptr + table, mask=(rows < n_rows) & (i < half_dim), other=0.0)
-    y = tl.reshape(tl.join(even * c - odd * s, even * s + odd * c), (BLOCK_ROWS, 2 * BLOCK_HALF))
-    tl.store(y_ptr + rows * 2 * half_dim + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    c = tl.load(cos_ptr + table, mask=pair_mask, other=0.0)
+    s = tl.load(sin_ptr + table, mask=pair_mask, other=0.0)
+    row_start = rows * 2 * half_dim
+    if NEOX:
+        first = tl.load(x_ptr + row_start + i, mask=pair_mask, other=0.0).to(tl.float32)
+        second = tl.load(x_ptr + row_start + half_dim + i, mask=pair_mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row_start + i, (first * c - second * s).to(y_ptr.dtype.element_ty), mask=pair_mask)
+        tl.store(y_ptr + row_start + half_dim + i, (first * s + second * c).to(y_ptr.dtype.element_ty),
+                 mask=pair_mask)
+    else:
+        cols = tl.arange(0, 2 * BLOCK_HALF)[None, :]
+        mask = (rows < n_rows) & (cols < 2 * half_dim)
+        x = tl.load(x_ptr + row_start + cols, mask=mask, other=0.0).to(tl.float32)
+        even, odd = tl.split(tl.reshape(x, (BLOCK_ROWS, BLOCK_HALF, 2)))
+        y = tl.reshape(tl.join(even * c - odd * s, even * s + odd * c), (BLOCK_ROWS, 2 * BLOCK_HALF))
+        tl.store(y_ptr + row_start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "interleaved") -> torch.Tensor:
     """RoPE of ``x`` (contiguous, ``(..., seq, head_dim)``) with fp32 tables ``(seq, head_dim / 2)``.
 
-    The same rotation as :func:`utils.attention.llama.apply_rope` (adjacent pairs). Each program takes
-    a tile of about 4096 elements (32 rows of head_dim 128).
+    The same rotation as :func:`utils.attention.rope.apply_rope` in either ``layout``: ``"interleaved"`` pairs
+    ``(x_{2i}, x_{2i+1})`` (Meta), ``"neox"`` pairs ``(x_i, x_{i+d/2})`` (Hugging Face, vLLM's
+    ``is_neox_style``). Each program takes a tile of about 4096 elements (32 rows of head_dim 128).
     """
     check_tensors(x, cos, sin)
+    check_layout(layout)
     _check_rows(x)
     if x.dim() < 2 or x.shape[-1] % 2:
         raise ValueError(f"x must be (..., seq, head_dim) with an even head_dim, got {tuple(x.shape)}")
@@ -157,7 +172,8 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         block_half = triton.next_power_of_2(half)
         block_rows = max(1, 2048 // block_half)
         rope_kernel[(triton.cdiv(n_rows, block_rows),)](x, cos.contiguous(), sin.contiguous(), y, n_rows, seq, half,
-                                                        BLOCK_ROWS=block_rows, BLOCK_HALF=block_half)
+                                                        BLOCK_ROWS=block_rows, BLOCK_HALF=block_half,
+                                                        NEOX=layout == "neox")
     return y
 
 
