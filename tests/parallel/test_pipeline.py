@@ -117,3 +117,15 @@ def test_check_valid_catches_broken_schedules():
 def test_bad_input_raises_value_error_naming_what_is_allowed(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_check_valid_with_a_split_backward_needs_w_after_b():
+    from utils.parallel import zero_bubble as zb
+
+    ops = zb.schedule("zb-h1", 3, 4)
+    pp.check_valid(ops, 3, 4, kinds="FBW")
+    with pytest.raises(ValueError, match="expected|missing"):
+        pp.check_valid(ops, 3, 4)  # the W ops are extra under kinds="FB"
+    early_w = [o._replace(start=-1.0, end=-0.5) if (o.stage, o.kind, o.microbatch) == (2, "W", 0) else o for o in ops]
+    with pytest.raises(ValueError, match="before"):
+        pp.check_valid(early_w, 3, 4, kinds="FBW")

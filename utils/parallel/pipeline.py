@@ -109,22 +109,44 @@ def schedule(kind: str, n_stages: int, n_microbatches: int, n_chunks: int = 1,
     p, m, v = _check(kind, n_stages, n_microbatches, n_chunks)
     duration = {"F": check_positive("t_forward", t_forward, finite=True) / v,
                 "B": check_positive("t_backward", t_backward, finite=True) / v}
-    orders = stage_orders(kind, p, m, v)
+    return simulate(stage_orders(kind, p, m, v), duration, n_chunks=v, name=kind)
+
+
+def _deps(op_kind: str, k: int, i: int, n_virtual: int) -> list[tuple[str, int, int]]:
+    """What (kind, virtual stage, microbatch) must end before ``op_kind`` of virtual stage ``k``, microbatch ``i``.
+
+    F waits for F of ``k - 1``; B for its own F and for B of ``k + 1``; W (the
+    weight gradient, split off B by zero-bubble schedules) for its own B only.
+    """
+    if op_kind == "F":
+        return [("F", k - 1, i)] if k > 0 else []
+    if op_kind == "B":
+        return [("F", k, i)] + ([("B", k + 1, i)] if k < n_virtual - 1 else [])
+    return [("B", k, i)]
+
+
+def simulate(orders: Sequence[Sequence[tuple[str, int, int]]], duration: dict[str, float],
+             n_chunks: int = 1, name: str = "schedule") -> list[Op]:
+    """Run per-stage orders of ``(kind, chunk, microbatch)`` under the two rules of the module docstring.
+
+    ``duration`` maps each kind ("F", "B" and, for a split backward, "W") to
+    its time on one chunk. Each stage starts an operation when it is free and
+    the operation's inputs (:func:`_deps`) have ended. Returns the operations
+    sorted by (start, stage); raises ``RuntimeError`` if the orders deadlock.
+    """
+    p = len(orders)
+    n_virtual = p * n_chunks
     done: dict[tuple[str, int, int], float] = {}  # (kind, virtual stage, microbatch) -> end time
     free = [0.0] * p
     position = [0] * p
     ops: list[Op] = []
-    n_virtual = p * v
     while any(position[s] < len(orders[s]) for s in range(p)):
         progressed = False
         for s in range(p):
             while position[s] < len(orders[s]):
                 op_kind, c, i = orders[s][position[s]]
                 k = c * p + s
-                if op_kind == "F":
-                    deps = [("F", k - 1, i)] if k > 0 else []
-                else:
-                    deps = [("F", k, i)] + ([("B", k + 1, i)] if k < n_virtual - 1 else [])
+                deps = _deps(op_kind, k, i, n_virtual)
                 if any(d not in done for d in deps):
                     break
                 start = max([free[s]] + [done[d] for d in deps])
@@ -133,8 +155,8 @@ def schedule(kind: str, n_stages: int, n_microbatches: int, n_chunks: int = 1,
                 ops.append(Op(s, i, c, op_kind, start, end))
                 position[s] += 1
                 progressed = True
-        if not progressed:  # cannot happen for the orders above; guards hand-made ones
-            raise RuntimeError(f"schedule {kind!r} deadlocks: stages wait at {position}")
+        if not progressed:  # cannot happen for this package's orders; guards hand-made ones
+            raise RuntimeError(f"schedule {name!r} deadlocks: stages wait at {position}")
     return sorted(ops, key=lambda o: (o.start, o.stage))
 
 
@@ -185,12 +207,14 @@ def peak_in_flight(ops: Sequence[Op]) -> list[int]:
 
 
 def check_valid(ops: Sequence[Op], n_stages: int, n_microbatches: int, n_chunks: int = 1,
-                eps: float = 1e-9) -> None:
+                eps: float = 1e-9, kinds: str = "FB") -> None:
     """Raise ``ValueError`` unless ``ops`` is a valid pipeline schedule.
 
-    Valid: each (stage, chunk, microbatch) has exactly one F and one B; a stage
-    never runs two operations at once; F of virtual stage ``k`` starts after F
-    of ``k - 1`` ends, B of ``k`` after B of ``k + 1`` and after F of ``k``.
+    Valid: each (stage, chunk, microbatch) has exactly one operation of each of
+    ``kinds`` ("FB", or "FBW" for a split backward); a stage never runs two
+    operations at once; every operation starts after its inputs end (F of
+    virtual stage ``k`` after F of ``k - 1``, B of ``k`` after B of ``k + 1``
+    and F of ``k``, W after B).
     """
     p, m, v = n_stages, n_microbatches, n_chunks
     seen: dict[tuple[str, int, int], Op] = {}
@@ -201,22 +225,19 @@ def check_valid(ops: Sequence[Op], n_stages: int, n_microbatches: int, n_chunks:
         if o.end < o.start - eps:
             raise ValueError(f"{o} ends before it starts")
         seen[key] = o
-    for kind in "FB":
+    for kind in kinds:
         for k in range(p * v):
             for i in range(m):
                 if (kind, k, i) not in seen:
                     raise ValueError(f"{kind} of virtual stage {k}, microbatch {i} is missing")
-    if len(seen) != 2 * p * v * m:
-        raise ValueError(f"expected {2 * p * v * m} operations, got {len(ops)}")
+    if len(seen) != len(kinds) * p * v * m:
+        raise ValueError(f"expected {len(kinds) * p * v * m} operations, got {len(ops)}")
     for s in range(p):
         mine = sorted((o for o in ops if o.stage == s), key=lambda o: o.start)
         for a, b in zip(mine, mine[1:]):
             if b.start < a.end - eps:
                 raise ValueError(f"stage {s} runs two operations at once: {a} and {b}")
     for (kind, k, i), o in seen.items():
-        deps = [("F", k - 1, i)] if kind == "F" and k > 0 else []
-        if kind == "B":
-            deps = [("F", k, i)] + ([("B", k + 1, i)] if k < p * v - 1 else [])
-        for d in deps:
+        for d in _deps(kind, k, i, p * v):
             if o.start < seen[d].end - eps:
                 raise ValueError(f"{o} starts before {seen[d]} (which it needs) ends")
