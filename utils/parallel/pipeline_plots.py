@@ -114,8 +114,12 @@ def plot_zero_bubble(kind: str = "zb-h1", n_stages: int = 4, n_microbatches: int
     ax.set_xlabel("time (units of the times given)")
     bubble = zb.stage_bubble(ops)[0]
     paper = zb.paper_bubble(kind, n_stages, t_forward, t_input_grad, t_weight_grad)
-    ax.set_title(f"{kind}, p={n_stages}, m={n_microbatches}: stage 0 idles {bubble:g} "
-                 f"(Table 2: {paper:g}), holds up to {zb.peak_activations(ops)[0]:g} micro-batches", fontsize=9)
+    assumed = (n_microbatches >= (2 * n_stages - 1 if kind == "zb-h2" else n_stages)
+               and (kind == "1f1b" or t_weight_grad <= min(t_forward, t_input_grad)))
+    ax.set_title(f"{kind}, p={n_stages}, m={n_microbatches}: stage 0 idles {bubble:.3g} "
+                 f"(Table 2: {paper:.3g}), holds up to {zb.peak_activations(ops)[0]:g} micro-batches"
+                 + ("" if assumed else "\nTable 2 assumes m >= p (ZB-H2: 2p - 1) and W no longer than F or B"),
+                 fontsize=9)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c[0]) for c in (_F, _B, _W)]
     ax.legend(handles, ["F", "B (input grad)", "W (weight grad)"], fontsize=7, loc="upper right",
               bbox_to_anchor=(1.0, -0.22), ncol=3)
