@@ -21,8 +21,8 @@ Schedules (:func:`stage_orders`, stage ``r`` of ``p``, 0-indexed, ``m`` micro-ba
   (F, B, W) triples: stage 0 holds ``2p - 1`` micro-batches, and every stage is
   busy from its first F to its last W, a parallelogram.
 
-The paper's Table 2 measures the bubble of a stage from its own first
-operation to its own last (:func:`stage_bubble`; stage 0's is the largest):
+Measured per stage, from a stage's own first operation to its own last
+(:func:`stage_bubble`; stage 0's is the largest), the bubbles are the paper's Table 2:
 ``(p-1)(T_F+T_B+T_W)`` for 1F1B, ``(p-1)(T_F+T_B-T_W)`` for ZB-H1 and
 ``(p-1)(T_F+T_B-2T_W)`` for ZB-H2 (:func:`paper_bubble`), each for
 ``m >= p`` (ZB-H2: ``m >= 2p - 1``) and, for ZB-H1 and ZB-H2, a W no longer
