@@ -102,3 +102,24 @@ def test_orders_follow_the_warm_up_and_lag_of_the_paper():
 def test_bad_input_raises_value_error_naming_what_is_allowed(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def _torch_zb1p_order(rank, world_size, m):
+    import torch
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage, ScheduleInterleavedZeroBubble
+
+    stage = PipelineStage(nn.Linear(4, 4), rank, world_size, torch.device("cpu"))
+    runner = ScheduleInterleavedZeroBubble([stage], n_microbatches=m, loss_fn=nn.functional.mse_loss)
+    return [(str(a.computation_type.value), a.microbatch_index) for a in runner.pipeline_order[rank] if a is not None]
+
+
+@pytest.mark.parametrize("world_size,m", [(3, 5)])
+def test_torch_zb1p_with_one_stage_per_rank_is_this_zb_h1(world_size, m):
+    # torch.distributed.pipelining's ScheduleInterleavedZeroBubble ("implementing the ZB1P schedule in the paper")
+    # builds its per-rank order of F, I (input gradient: our B) and W without running; it must equal ours.
+    from utils.dist import launch
+
+    orders = launch(_torch_zb1p_order, world_size, m, timeout=120)
+    for rank, order in enumerate(orders):
+        assert order == [("I" if k == "B" else k, i) for k, _, i in zb.stage_orders("zb-h1", world_size, m)[rank]]
