@@ -117,3 +117,39 @@ def test_check_valid_catches_broken_schedules():
 def test_bad_input_raises_value_error_naming_what_is_allowed(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_check_valid_with_a_split_backward_needs_w_after_b():
+    from utils.parallel import zero_bubble as zb
+
+    ops = zb.schedule("zb-h1", 3, 4)
+    pp.check_valid(ops, 3, 4, kinds="FBW")
+    with pytest.raises(ValueError, match="expected|missing"):
+        pp.check_valid(ops, 3, 4)  # the W ops are extra under kinds="FB"
+    early_w = [o._replace(start=-1.0, end=-0.5) if (o.stage, o.kind, o.microbatch) == (2, "W", 0) else o for o in ops]
+    with pytest.raises(ValueError, match="before"):
+        pp.check_valid(early_w, 3, 4, kinds="FBW")
+
+
+@pytest.mark.parametrize("p,m,v,n", [(4, 8, 2, 4), (4, 12, 2, 6), (4, 12, 2, 12), (4, 10, 2, 5), (4, 10, 4, 5),
+                                     (8, 12, 2, 12), (2, 6, 3, 3)])
+def test_group_size_keeps_the_bubble_and_costs_warm_up_memory(p, m, v, n):
+    # Megatron-core's microbatch_group_size_per_vp_stage N: warm-up 2(p-s-1) + (v-1)N chunk forwards.
+    ops = pp.schedule("interleaved", p, m, v, group_size=n)
+    pp.check_valid(ops, p, m, v)
+    assert pp.bubble_fraction(ops) == pytest.approx((p - 1) / (v * m + p - 1), abs=1e-12)
+    assert pp.peak_in_flight(ops)[0] == min(2 * (p - 1) + (v - 1) * n + 1, v * m)
+
+
+def test_group_size_p_is_the_default_depth_first_order():
+    assert pp.stage_orders("interleaved", 4, 8, 2, group_size=4) == pp.stage_orders("interleaved", 4, 8, 2)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: pp.schedule("interleaved", 4, 12, 2, group_size=3), r"group_size must lie in \[n_stages"),
+    (lambda: pp.schedule("interleaved", 4, 12, 2, group_size=5), "divide"),
+    (lambda: pp.schedule("1f1b", 4, 12, group_size=4), "group_size None"),
+])
+def test_bad_group_size_raises(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

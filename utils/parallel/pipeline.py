@@ -22,8 +22,10 @@ The orders (:func:`stage_orders`):
 - ``"interleaved"`` (Narayanan et al., "Efficient Large-Scale Language Model
   Training on GPU Clusters Using Megatron-LM", SC 2021, arXiv:2104.04473
   section 2.2.2): 1F1B over ``v`` chunks per stage, in the order of Megatron's
-  ``forward_backward_pipelining_with_interleaving``; ``m`` must be a multiple
-  of ``p``, and a chunk's F and B take ``t_forward / v`` and ``t_backward / v``.
+  ``forward_backward_pipelining_with_interleaving``; the paper needs ``m`` to
+  be a multiple of ``p`` (section 2.2.2), Megatron-core relaxes it with a
+  group size ``N`` of consecutive micro-batches per chunk (``p <= N <= m``;
+  here ``N`` must divide ``m``). A chunk's F and B take ``t_forward / v`` and ``t_backward / v``.
   (When ``m == p`` Megatron runs every forward first; this module keeps the
   general warm-up count there too, which is still a valid schedule.)
 
@@ -54,23 +56,38 @@ class Op(NamedTuple):
     end: float
 
 
-def _check(kind: str, n_stages: int, n_microbatches: int, n_chunks: int) -> tuple[int, int, int]:
+def _check(kind: str, n_stages: int, n_microbatches: int, n_chunks: int,
+           group_size: int | None = None) -> tuple[int, int, int, int]:
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
     p = check_positive_int("n_stages", n_stages)
     m = check_positive_int("n_microbatches", n_microbatches)
     v = check_positive_int("n_chunks", n_chunks)
-    if kind != "interleaved" and v != 1:
-        raise ValueError(f"n_chunks must be 1 for kind={kind!r} (only 'interleaved' splits a stage), got {v}")
-    if kind == "interleaved" and m % p:
-        raise ValueError(f"interleaved needs n_microbatches to be a multiple of n_stages ({p}), got {m}")
-    return p, m, v
+    if kind != "interleaved" and (v != 1 or group_size is not None):
+        raise ValueError(f"n_chunks must be 1 and group_size None for kind={kind!r} "
+                         f"(only 'interleaved' splits a stage), got {v} and {group_size}")
+    n = p if group_size is None else check_positive_int("group_size", group_size)
+    if kind == "interleaved":
+        if group_size is None and m % p:
+            raise ValueError(f"interleaved needs n_microbatches to be a multiple of n_stages ({p}), got {m}; "
+                             "or pass group_size, Megatron-core's microbatch_group_size_per_vp_stage")
+        if not p <= n <= m or m % n:
+            raise ValueError(f"group_size must lie in [n_stages, n_microbatches] = [{p}, {m}] and divide "
+                             f"n_microbatches, got {n}")
+    return p, m, v, n
 
 
-def stage_orders(kind: str, n_stages: int, n_microbatches: int, n_chunks: int = 1
-                 ) -> list[list[tuple[str, int, int]]]:
-    """For each stage, its operations in the order it runs them, as ``(kind, chunk, microbatch)``."""
-    p, m, v = _check(kind, n_stages, n_microbatches, n_chunks)
+def stage_orders(kind: str, n_stages: int, n_microbatches: int, n_chunks: int = 1,
+                 group_size: int | None = None) -> list[list[tuple[str, int, int]]]:
+    """For each stage, its operations in the order it runs them, as ``(kind, chunk, microbatch)``.
+
+    ``group_size`` (interleaved only; Megatron-core's ``microbatch_group_size_per_vp_stage``,
+    Llama 3's N) is how many consecutive micro-batches go through one chunk
+    before the stage moves to its next chunk: ``n_stages`` (the default) is
+    Megatron's depth-first order, ``n_microbatches`` breadth-first (every
+    micro-batch through chunk 0 first).
+    """
+    p, m, v, n = _check(kind, n_stages, n_microbatches, n_chunks, group_size)
     orders = []
     for s in range(p):
         if kind == "gpipe":
@@ -83,12 +100,12 @@ def stage_orders(kind: str, n_stages: int, n_microbatches: int, n_chunks: int = 
             order += [("B", 0, i) for i in range(m - warmup, m)]
         else:
             total = m * v  # (chunk, micro-batch) pairs; Megatron's warm-up count for this rank:
-            warmup = min((p - s - 1) * 2 + (v - 1) * p, total)
+            warmup = min((p - s - 1) * 2 + (v - 1) * n, total)
 
             def unit(k: int, forward: bool) -> tuple[int, int]:
-                """Megatron's k-th forward (or backward) of a rank: (chunk, microbatch); groups of p per chunk."""
-                chunk = (k % (p * v)) // p
-                return (chunk if forward else v - 1 - chunk), (k // (p * v)) * p + k % p
+                """Megatron's k-th forward (or backward) of a rank: (chunk, microbatch); groups of n per chunk."""
+                chunk = (k % (n * v)) // n
+                return (chunk if forward else v - 1 - chunk), (k // (n * v)) * n + k % n
 
             order = [("F", *unit(k, True)) for k in range(warmup)]
             for k in range(total - warmup):
@@ -99,32 +116,54 @@ def stage_orders(kind: str, n_stages: int, n_microbatches: int, n_chunks: int = 
 
 
 def schedule(kind: str, n_stages: int, n_microbatches: int, n_chunks: int = 1,
-             t_forward: float = 1.0, t_backward: float = 2.0) -> list[Op]:
+             t_forward: float = 1.0, t_backward: float = 2.0, group_size: int | None = None) -> list[Op]:
     """Simulate ``kind`` on ``n_stages`` stages and return every operation with its start and end.
 
     ``t_forward`` and ``t_backward`` are one micro-batch's F and B through a
     whole stage (any unit); interleaved chunks take ``1 / n_chunks`` of them.
-    Operations come sorted by (start, stage).
+    ``group_size`` as in :func:`stage_orders`. Operations come sorted by (start, stage).
     """
-    p, m, v = _check(kind, n_stages, n_microbatches, n_chunks)
+    p, m, v, n = _check(kind, n_stages, n_microbatches, n_chunks, group_size)
     duration = {"F": check_positive("t_forward", t_forward, finite=True) / v,
                 "B": check_positive("t_backward", t_backward, finite=True) / v}
-    orders = stage_orders(kind, p, m, v)
+    return simulate(stage_orders(kind, p, m, v, group_size), duration, n_chunks=v, name=kind)
+
+
+def _deps(op_kind: str, k: int, i: int, n_virtual: int) -> list[tuple[str, int, int]]:
+    """What (kind, virtual stage, microbatch) must end before ``op_kind`` of virtual stage ``k``, microbatch ``i``.
+
+    F waits for F of ``k - 1``; B for its own F and for B of ``k + 1``; W (the
+    weight gradient, split off B by zero-bubble schedules) for its own B only.
+    """
+    if op_kind == "F":
+        return [("F", k - 1, i)] if k > 0 else []
+    if op_kind == "B":
+        return [("F", k, i)] + ([("B", k + 1, i)] if k < n_virtual - 1 else [])
+    return [("B", k, i)]
+
+
+def simulate(orders: Sequence[Sequence[tuple[str, int, int]]], duration: dict[str, float],
+             n_chunks: int = 1, name: str = "schedule") -> list[Op]:
+    """Run per-stage orders of ``(kind, chunk, microbatch)`` under the two rules of the module docstring.
+
+    ``duration`` maps each kind ("F", "B" and, for a split backward, "W") to
+    its time on one chunk. Each stage starts an operation when it is free and
+    the operation's inputs (:func:`_deps`) have ended. Returns the operations
+    sorted by (start, stage); raises ``RuntimeError`` if the orders deadlock.
+    """
+    p = len(orders)
+    n_virtual = p * n_chunks
     done: dict[tuple[str, int, int], float] = {}  # (kind, virtual stage, microbatch) -> end time
     free = [0.0] * p
     position = [0] * p
     ops: list[Op] = []
-    n_virtual = p * v
     while any(position[s] < len(orders[s]) for s in range(p)):
         progressed = False
         for s in range(p):
             while position[s] < len(orders[s]):
                 op_kind, c, i = orders[s][position[s]]
                 k = c * p + s
-                if op_kind == "F":
-                    deps = [("F", k - 1, i)] if k > 0 else []
-                else:
-                    deps = [("F", k, i)] + ([("B", k + 1, i)] if k < n_virtual - 1 else [])
+                deps = _deps(op_kind, k, i, n_virtual)
                 if any(d not in done for d in deps):
                     break
                 start = max([free[s]] + [done[d] for d in deps])
@@ -133,8 +172,8 @@ def schedule(kind: str, n_stages: int, n_microbatches: int, n_chunks: int = 1,
                 ops.append(Op(s, i, c, op_kind, start, end))
                 position[s] += 1
                 progressed = True
-        if not progressed:  # cannot happen for the orders above; guards hand-made ones
-            raise RuntimeError(f"schedule {kind!r} deadlocks: stages wait at {position}")
+        if not progressed:  # cannot happen for this package's orders; guards hand-made ones
+            raise RuntimeError(f"schedule {name!r} deadlocks: stages wait at {position}")
     return sorted(ops, key=lambda o: (o.start, o.stage))
 
 
@@ -160,7 +199,7 @@ def ideal_bubble_fraction(kind: str, n_stages: int, n_microbatches: int, n_chunk
     (arXiv:2104.04473 section 2.2.2: ``(1/v)(p - 1) / m`` of the ideal time),
     so the fraction is ``(p - 1) / (v m + p - 1)``.
     """
-    p, m, v = _check(kind, n_stages, n_microbatches, n_chunks)
+    p, m, v, _ = _check(kind, n_stages, n_microbatches, n_chunks)
     return (p - 1) / (v * m + p - 1)
 
 
@@ -185,12 +224,14 @@ def peak_in_flight(ops: Sequence[Op]) -> list[int]:
 
 
 def check_valid(ops: Sequence[Op], n_stages: int, n_microbatches: int, n_chunks: int = 1,
-                eps: float = 1e-9) -> None:
+                eps: float = 1e-9, kinds: str = "FB") -> None:
     """Raise ``ValueError`` unless ``ops`` is a valid pipeline schedule.
 
-    Valid: each (stage, chunk, microbatch) has exactly one F and one B; a stage
-    never runs two operations at once; F of virtual stage ``k`` starts after F
-    of ``k - 1`` ends, B of ``k`` after B of ``k + 1`` and after F of ``k``.
+    Valid: each (stage, chunk, microbatch) has exactly one operation of each of
+    ``kinds`` ("FB", or "FBW" for a split backward); a stage never runs two
+    operations at once; every operation starts after its inputs end (F of
+    virtual stage ``k`` after F of ``k - 1``, B of ``k`` after B of ``k + 1``
+    and F of ``k``, W after B).
     """
     p, m, v = n_stages, n_microbatches, n_chunks
     seen: dict[tuple[str, int, int], Op] = {}
@@ -201,22 +242,19 @@ def check_valid(ops: Sequence[Op], n_stages: int, n_microbatches: int, n_chunks:
         if o.end < o.start - eps:
             raise ValueError(f"{o} ends before it starts")
         seen[key] = o
-    for kind in "FB":
+    for kind in kinds:
         for k in range(p * v):
             for i in range(m):
                 if (kind, k, i) not in seen:
                     raise ValueError(f"{kind} of virtual stage {k}, microbatch {i} is missing")
-    if len(seen) != 2 * p * v * m:
-        raise ValueError(f"expected {2 * p * v * m} operations, got {len(ops)}")
+    if len(seen) != len(kinds) * p * v * m:
+        raise ValueError(f"expected {len(kinds) * p * v * m} operations, got {len(ops)}")
     for s in range(p):
         mine = sorted((o for o in ops if o.stage == s), key=lambda o: o.start)
         for a, b in zip(mine, mine[1:]):
             if b.start < a.end - eps:
                 raise ValueError(f"stage {s} runs two operations at once: {a} and {b}")
     for (kind, k, i), o in seen.items():
-        deps = [("F", k - 1, i)] if kind == "F" and k > 0 else []
-        if kind == "B":
-            deps = [("F", k, i)] + ([("B", k + 1, i)] if k < p * v - 1 else [])
-        for d in deps:
+        for d in _deps(kind, k, i, p * v):
             if o.start < seen[d].end - eps:
                 raise ValueError(f"{o} starts before {seen[d]} (which it needs) ends")

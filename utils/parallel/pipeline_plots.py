@@ -3,7 +3,10 @@
 Pure functions of their parameters (the book's widget pattern, :mod:`utils.viz`):
 :func:`plot_schedule` draws stages against time, forwards in blue and
 backwards in green (darker shades for later chunks), each box labelled with
-its micro-batch; :func:`animate_schedule` fills the same chart in step by step.
+its micro-batch; :func:`animate_schedule` fills the same chart in step by step;
+:func:`plot_zero_bubble` draws the split-backward schedules of
+:mod:`utils.parallel.zero_bubble` (weight gradients in orange);
+:func:`plot_dualpipe_placement` sketches DualPipe's two-way placement.
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ from matplotlib.figure import Figure
 
 from utils import viz
 from utils.parallel import pipeline as pp
+from utils.parallel import zero_bubble as zb
 
 _F = ["#9ecae1", "#4292c6", "#2171b5", "#08519c"]  # forward, by chunk
-_B = ["#a1d99b", "#41ab5d", "#238b45", "#006d2c"]  # backward, by chunk
+_B = ["#a1d99b", "#41ab5d", "#238b45", "#006d2c"]  # backward (input gradient, B), by chunk
+_W = ["#fdae6b", "#f16913", "#d94801", "#8c2d04"]  # weight gradient (W) of a split backward, by chunk
 
 
 def draw_ops(ax: Any, ops: Sequence[pp.Op], n_stages: int, until: float | None = None,
@@ -28,7 +33,7 @@ def draw_ops(ax: Any, ops: Sequence[pp.Op], n_stages: int, until: float | None =
         if until is not None and o.start >= until:
             continue
         end = o.end if until is None else min(o.end, until)
-        color = (_F if o.kind == "F" else _B)[o.chunk % 4]
+        color = {"F": _F, "B": _B, "W": _W}[o.kind][o.chunk % 4]
         ax.barh(o.stage, end - o.start, left=o.start, height=0.8, color=color, edgecolor="white", linewidth=0.6)
         if labels and end - o.start > 0.5 * (o.end - o.start):
             ax.text((o.start + end) / 2, o.stage, str(o.microbatch), ha="center", va="center", fontsize=7)
@@ -91,5 +96,63 @@ def plot_measured_vs_predicted(measured: dict[str, Sequence[tuple[float, float]]
         ax.set_yticks(range(n_stages), [f"rank {r}" for r in range(n_stages)])
         ax.set_title(f"{kind}, measured ({n_stages} ranks, m={n_microbatches}) {title}", fontsize=9)
     axes[-1, 0].set_xlabel("seconds from the common start")
+    fig.tight_layout()
+    return fig
+
+
+def plot_zero_bubble(kind: str = "zb-h1", n_stages: int = 4, n_microbatches: int = 8, t_forward: float = 1.0,
+                     t_input_grad: float = 1.0, t_weight_grad: float = 1.0) -> Figure:
+    """Gantt chart of ``zero_bubble.schedule(...)``: F blue, B (input gradient) green, W (weight gradient) orange.
+
+    The title gives stage 0's bubble (its idle time between its own first and
+    last operation, the paper's measure) against Table 2 of arXiv:2401.10241,
+    and stage 0's peak stored micro-batches (F started, W not ended).
+    """
+    ops = zb.schedule(kind, n_stages, n_microbatches, t_forward, t_input_grad, t_weight_grad)
+    fig, ax = plt.subplots(figsize=(7.5, 0.45 * n_stages + 1.4))
+    draw_ops(ax, ops, n_stages, labels=n_stages * n_microbatches <= 96)
+    ax.set_xlabel("time (units of the times given)")
+    bubble = zb.stage_bubble(ops)[0]
+    paper = zb.paper_bubble(kind, n_stages, t_forward, t_input_grad, t_weight_grad)
+    assumed = (n_microbatches >= (2 * n_stages - 1 if kind == "zb-h2" else n_stages)
+               and (kind == "1f1b" or t_weight_grad <= min(t_forward, t_input_grad)))
+    ax.set_title(f"{kind}, p={n_stages}, m={n_microbatches}: stage 0 idles {bubble:.3g} "
+                 f"(Table 2: {paper:.3g}), holds up to {zb.peak_activations(ops)[0]:g} micro-batches"
+                 + ("" if assumed else "\nTable 2 assumes m >= p (ZB-H2: 2p - 1) and W no longer than F or B"),
+                 fontsize=9)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c[0]) for c in (_F, _B, _W)]
+    ax.legend(handles, ["F", "B (input grad)", "W (weight grad)"], fontsize=7, loc="upper right",
+              bbox_to_anchor=(1.0, -0.22), ncol=3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_dualpipe_placement(n_devices: int = 8) -> Figure:
+    """DualPipe's placement (DeepSeek-V3, arXiv:2412.19437, section 3.2.1): each device holds two stages.
+
+    Device ``d`` holds stage ``d`` of one copy of the model, fed from device 0
+    (micro-batches flowing down), and stage ``p - 1 - d`` of a second copy, fed
+    from device ``p - 1`` (flowing up). Beside it, 1F1B's one stage per device.
+    """
+    p = n_devices
+    if p < 2 or p % 2:
+        raise ValueError(f"n_devices must be an even number >= 2 (DualPipe pairs the ends), got {p}")
+    fig, axes = plt.subplots(1, 2, figsize=(7.5, 0.32 * p + 1.2), sharey=True)
+    for ax, dual in zip(axes, (False, True)):
+        for d in range(p):
+            ax.add_patch(plt.Rectangle((0.1, d - 0.4), 0.35 if dual else 0.8, 0.8, color=_F[1]))
+            ax.text(0.275 if dual else 0.5, d, f"stage {d}", ha="center", va="center", fontsize=7, color="white")
+            if dual:
+                ax.add_patch(plt.Rectangle((0.55, d - 0.4), 0.35, 0.8, color=_W[1]))
+                ax.text(0.725, d, f"stage {p - 1 - d}", ha="center", va="center", fontsize=7, color="white")
+        ax.annotate("", xy=(0.05, p - 0.5), xytext=(0.05, -0.5), arrowprops=dict(arrowstyle="->", lw=0.8))
+        if dual:  # the second copy's micro-batches enter at the last device and flow up
+            ax.annotate("", xy=(0.95, -0.5), xytext=(0.95, p - 0.5), arrowprops=dict(arrowstyle="->", lw=0.8))
+        ax.set_xlim(0, 1)
+        ax.set_xticks([])
+        ax.set_title("DualPipe: two copies, two directions" if dual else "1F1B / ZB: one stage per device",
+                     fontsize=9)
+    axes[0].set_ylim(p - 0.5 + 0.3, -0.5 - 0.3)
+    axes[0].set_yticks(range(p), [f"device {d}" for d in range(p)])
     fig.tight_layout()
     return fig
