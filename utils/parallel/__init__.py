@@ -39,6 +39,8 @@ ring_allreduce_time``; nothing is re-exported here):
 - :mod:`utils.parallel.dropout_rng`: Megatron's dropout RNG tracker (shared and per-rank streams);
 - :mod:`utils.parallel.pipeline`: pipeline schedules (GPipe, 1F1B, interleaved 1F1B)
   simulated, their bubble against the closed forms, micro-batches in flight;
+- :mod:`utils.parallel.zero_bubble`: zero-bubble schedules (Qi et al. 2024): 1F1B, ZB-H1 and ZB-H2 with
+  the backward split into B and W, their bubble and peak memory per stage;
 - :mod:`utils.parallel.pipeline_exec`: a schedule run for real, one stage per rank,
   activations and gradients by send/recv, with busy time and stored bytes;
 - :mod:`utils.parallel.pipeline_plots`: Gantt charts and animations of schedules;
