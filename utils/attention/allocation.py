@@ -19,9 +19,13 @@ for outputs by at most 2x ... if the true output length is 25, it reserves 32
 positions" (``"pow2"``); or, with an oracle, exactly the true length
 (``"oracle"``). A paged allocator (``"paged"``) takes a ``block_size``-token
 block whenever a sequence fills its last one, so only the tail of the last
-block is wasted. The paper's Orca places reservations with a buddy allocator;
-this simulator uses first fit, so its external fragmentation is not the
-paper's.
+block is wasted. The paper "assume[s] Orca uses the buddy allocation algorithm
+to determine the memory address to store KV cache" (section 6.1), and so does
+:func:`simulate` by default: a reservation takes a block of the next power of
+two, placed at a multiple of its size, and the slack counts as external
+fragmentation (Figure 2's "External frag. & Others"). ``allocator="first_fit"``
+places exact-size slabs in the first gap that fits, a stronger allocator than
+the paper's baseline.
 
 Figure 2 ("Average percentage of memory wastes in different LLM serving
 systems during the experiment in section 6.2") shows 20.4%, 26.8% and 38.2% of
@@ -43,6 +47,7 @@ from utils.published import Published
 from utils.validate import check_positive, check_positive_int
 
 POLICIES = ("max", "pow2", "oracle", "paged")
+ALLOCATORS = ("first_fit", "buddy")
 
 _VLLM = "Kwon et al., 'Efficient Memory Management for Large Language Model Serving with PagedAttention', " \
         "SOSP 2023, arXiv:2309.06180, Figure 2"
@@ -136,6 +141,15 @@ def _first_fit(gaps: list[tuple[int, int]], size: int) -> int | None:
     return None
 
 
+def _buddy_fit(gaps: list[tuple[int, int]], size: int) -> int | None:
+    """First aligned place for a buddy block of ``size`` (a power of two): a start that is a multiple of ``size``."""
+    for start, length in gaps:
+        aligned = -(-start // size) * size
+        if aligned + size <= start + length:
+            return aligned
+    return None
+
+
 def _gaps(capacity: int, used: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Free (start, length) runs of an address space of ``capacity`` slots, given the used runs."""
     gaps, cursor = [], 0
@@ -149,7 +163,7 @@ def _gaps(capacity: int, used: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def simulate(requests: list[Request], policy: str, capacity_tokens: int, max_len: int = 2048,
-             block_size: int = 16) -> MemoryShares:
+             block_size: int = 16, allocator: str = "buddy") -> MemoryShares:
     """Serve ``requests`` first come, first served, one token per running request per step.
 
     The cache holds ``capacity_tokens`` token slots. A request is admitted
@@ -157,7 +171,9 @@ def simulate(requests: list[Request], policy: str, capacity_tokens: int, max_len
     (``"paged"``) the blocks for its prompt and first output token. Memory is
     sampled at every step at which some request is waiting for memory (the
     server is saturated, as in the paper's measurements), and the shares are
-    averaged over those steps; with no such step they are all 0.
+    averaged over those steps; with no such step they are all 0. Contiguous
+    reservations are placed by ``allocator``: ``"buddy"`` (the paper's Orca,
+    section 6.1) or ``"first_fit"``.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
@@ -168,9 +184,11 @@ def simulate(requests: list[Request], policy: str, capacity_tokens: int, max_len
         raise ValueError(f"every request must fit in max_len = {max_len} tokens (prompt + output)")
     if policy != "paged" and max_len > capacity_tokens:
         raise ValueError(f"capacity_tokens ({capacity_tokens}) must hold one max_len ({max_len}) reservation")
+    if allocator not in ALLOCATORS:
+        raise ValueError(f"allocator must be one of {ALLOCATORS}, got {allocator!r}")
     pending = sorted(requests, key=lambda r: r.arrival)
     waiting: list[Request] = []
-    # admission number -> [request, tokens so far, start slot (contiguous), reserved slots or blocks held]
+    # admission number -> [request, tokens so far, start slot, reserved slots or blocks held, slots placed]
     running: dict[int, list] = {}
     free_blocks = capacity_tokens // block_size
     totals = np.zeros(5)
@@ -209,10 +227,15 @@ def simulate(requests: list[Request], policy: str, capacity_tokens: int, max_len
                 running[admitted] = [request, first, None, need]
             else:
                 size = _reserve(request, policy, max_len)
-                start = _first_fit(_gaps(capacity_tokens, [(v[2], v[3]) for v in running.values()]), size)
+                gaps = _gaps(capacity_tokens, [(v[2], v[4]) for v in running.values()])
+                if allocator == "buddy":
+                    slab = 1 << math.ceil(math.log2(size))
+                    start = _buddy_fit(gaps, slab)
+                else:
+                    slab, start = size, _first_fit(gaps, size)
                 if start is None:
                     break
-                running[admitted] = [request, first, start, size]
+                running[admitted] = [request, first, start, size, slab]
             waiting.pop(0)
             admitted += 1
             if first >= request.final_len:  # a one-token answer is done at prefill
