@@ -120,3 +120,31 @@ def test_buddy_blocks_are_powers_of_two_at_aligned_addresses():
     assert buddy.external == pytest.approx((64 - 42) / 64)
     with pytest.raises(ValueError, match="allocator"):
         simulate(reqs, "oracle", capacity_tokens=64, max_len=64, allocator="best_fit")
+
+
+def test_window_blocks_keep_only_the_blocks_of_the_last_w_tokens():
+    """Positions 6..9 of a 10-token sequence lie in blocks 1 and 2 (of 4 tokens): block 0 can go back."""
+    from utils.attention.allocation import _window_blocks
+    assert _window_blocks(10, None, 4) == 3 and _window_blocks(10, 4, 4) == 2 and _window_blocks(10, 16, 4) == 3
+    assert _window_blocks(0, 4, 4) == 0 and _window_blocks(16, 4, 4) == 1
+
+
+def test_a_sliding_window_lets_a_sequence_outgrow_the_pool():
+    """Mistral's rolling buffer (arXiv:2310.06825): a paged server returns the blocks that slid out of the
+    window, so a 210-token answer runs in a 64-slot pool with W = 32; a contiguous one reserves W slots."""
+    long = simulate([Request(0, 10, 200)], "paged", capacity_tokens=64, max_len=256, sliding_window=32)
+    assert long.finished == 1 and long.preempted == 0
+    pair = [Request(arrival=0, prompt_len=10, output_len=25), Request(arrival=0, prompt_len=30, output_len=1)]
+    assert simulate(pair, "oracle", capacity_tokens=64, max_len=64).steps == 24  # B waits for A (chapter 04)
+    windowed = simulate(pair, "oracle", capacity_tokens=64, max_len=64, sliding_window=16)
+    assert windowed.steps == 0 and windowed.finished == 2  # two 16-slot rolling buffers fit at once
+    with pytest.raises(ValueError, match="sliding_window"):
+        simulate(pair, "paged", capacity_tokens=64, max_len=64, sliding_window=0)
+
+
+def test_the_window_shrinks_the_memory_a_sharegpt_load_needs(shares):
+    """With W = 256 (shorter than many ShareGPT requests) the paged server preempts less than without."""
+    requests = sample_requests(300, SHAREGPT_MEAN_LENGTHS["prompt"].value, SHAREGPT_MEAN_LENGTHS["output"].value,
+                               max_len=2048, arrivals_per_step=5, seed=0)
+    windowed = simulate(requests, "paged", capacity_tokens=32768, sliding_window=256)
+    assert windowed.finished == 300 and windowed.preempted < shares["paged"].preempted
