@@ -72,3 +72,13 @@ def test_param_count_by_name(model, published):
 def test_unknown_model_raises():
     with pytest.raises(ValueError, match="known: LLaMA-2-7B"):
         param_count("GPT-2")
+
+
+def test_a_sliding_window_caps_the_cache_a_decode_step_reads():
+    """Mistral-7B keeps its last 4096 tokens (arXiv:2310.06825): a step at 32k costs what one at 4096 does."""
+    from utils.attention import MODELS
+    from utils.attention.decode_cost import decode_step_cost, max_batch, param_count, params_read_per_step
+    mistral, n = MODELS["Mistral-7B"], params_read_per_step("Mistral-7B")
+    assert decode_step_cost(n, mistral, 8, 32768) == decode_step_cost(n, mistral, 8, 4096)
+    assert decode_step_cost(n, mistral, 8, 2048).nbytes < decode_step_cost(n, mistral, 8, 4096).nbytes
+    assert max_batch(param_count("Mistral-7B"), mistral, 32768) == max_batch(param_count("Mistral-7B"), mistral, 4096)

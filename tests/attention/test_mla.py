@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from utils.attention import MODELS
-from utils.attention.mla import MLA, MLAConfig
+from utils.attention.mla import MLA, WEIGHT_NAMES, MLAConfig
 
 
 def test_absorbed_mla_equals_naive_mla():
@@ -39,3 +39,47 @@ def test_the_cache_holds_d_c_plus_rope_numbers_per_token():
 def test_rope_dimension_must_be_even():
     with pytest.raises(ValueError, match="even"):
         MLAConfig(rope_head_dim=7)
+
+
+def _with_nontrivial_norms(mla: MLA) -> MLA:
+    """Give both latent RMSNorms random gains, so a norm applied on one path only would show."""
+    with torch.no_grad():
+        mla.q_norm.weight.uniform_(0.5, 2.0)
+        mla.kv_norm.weight.uniform_(0.5, 2.0)
+    return mla
+
+
+def test_latent_rmsnorm_keeps_absorbed_equal_to_naive():
+    """DeepSeek-V2 section 3.1.2: RMSNorm after the compressed latents; it precedes W_UK and W_UV, so the
+    absorbed form still equals the naive one, and decoding from the normed cache equals the full pass."""
+    torch.manual_seed(1)
+    mla = _with_nontrivial_norms(MLA(MLAConfig()).double())
+    h = 5 * torch.randn(2, 9, 64, dtype=torch.float64)
+    full = mla(h)
+    torch.testing.assert_close(mla.forward_absorbed(h), full)
+    cache: dict = {}
+    steps = [mla.forward_absorbed(h[:, :4], cache)] + [mla.forward_absorbed(h[:, t:t + 1], cache) for t in range(4, 9)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full)
+
+
+def test_the_cached_latent_is_the_normed_one():
+    """What is cached is RMSNorm(W_DKV h) (vLLM's kv_c_normed): per token, RMS of c / gain is 1."""
+    torch.manual_seed(2)
+    mla = _with_nontrivial_norms(MLA(MLAConfig()).double())
+    h = 7 * torch.randn(1, 5, 64, dtype=torch.float64)
+    cache: dict = {}
+    mla.forward_absorbed(h, cache)
+    unscaled = cache["c_kv"] / mla.kv_norm.weight
+    torch.testing.assert_close(unscaled.pow(2).mean(-1), torch.ones(1, 5, dtype=torch.float64), rtol=1e-5, atol=1e-5)
+    raw = mla.w_dkv(h)
+    assert not torch.allclose(cache["c_kv"], raw)
+
+
+def test_weight_names_cover_every_projection_of_the_layer():
+    """Every matrix of the layer has its checkpoint name; the names are the ones HF and vLLM load."""
+    names = {name for name, _ in WEIGHT_NAMES.values()}
+    assert names == {"q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm",
+                     "kv_b_proj", "o_proj"}
+    covered = " ".join(WEIGHT_NAMES)
+    for matrix in ("W_DQ", "W_UQ", "W_QR", "W_DKV", "W_KR", "W_UK", "W_UV", "W_O"):
+        assert matrix in covered

@@ -19,9 +19,13 @@ for outputs by at most 2x ... if the true output length is 25, it reserves 32
 positions" (``"pow2"``); or, with an oracle, exactly the true length
 (``"oracle"``). A paged allocator (``"paged"``) takes a ``block_size``-token
 block whenever a sequence fills its last one, so only the tail of the last
-block is wasted. The paper's Orca places reservations with a buddy allocator;
-this simulator uses first fit, so its external fragmentation is not the
-paper's.
+block is wasted. The paper "assume[s] Orca uses the buddy allocation algorithm
+to determine the memory address to store KV cache" (section 6.1), and so does
+:func:`simulate` by default: a reservation takes a block of the next power of
+two, placed at a multiple of its size, and the slack counts as external
+fragmentation (Figure 2's "External frag. & Others"). ``allocator="first_fit"``
+places exact-size slabs in the first gap that fits, a stronger allocator than
+the paper's baseline.
 
 Figure 2 ("Average percentage of memory wastes in different LLM serving
 systems during the experiment in section 6.2") shows 20.4%, 26.8% and 38.2% of
@@ -43,6 +47,7 @@ from utils.published import Published
 from utils.validate import check_positive, check_positive_int
 
 POLICIES = ("max", "pow2", "oracle", "paged")
+ALLOCATORS = ("first_fit", "buddy")
 
 _VLLM = "Kwon et al., 'Efficient Memory Management for Large Language Model Serving with PagedAttention', " \
         "SOSP 2023, arXiv:2309.06180, Figure 2"
@@ -136,6 +141,28 @@ def _first_fit(gaps: list[tuple[int, int]], size: int) -> int | None:
     return None
 
 
+def _buddy_fit(gaps: list[tuple[int, int]], size: int) -> int | None:
+    """First aligned place for a buddy block of ``size`` (a power of two): a start that is a multiple of ``size``."""
+    for start, length in gaps:
+        aligned = -(-start // size) * size
+        if aligned + size <= start + length:
+            return aligned
+    return None
+
+
+def _window_blocks(length: int, window: int | None, block_size: int) -> int:
+    """Blocks a sequence of ``length`` tokens must hold when only its last ``window`` tokens are kept.
+
+    The tokens kept are positions ``max(0, length - W) .. length - 1``; the
+    blocks before the first of them can be returned to the pool (a paged
+    rolling buffer, as for Mistral's sliding window, arXiv:2310.06825).
+    """
+    if length == 0:
+        return 0
+    first = 0 if window is None else max(0, length - window)
+    return (length - 1) // block_size - first // block_size + 1
+
+
 def _gaps(capacity: int, used: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Free (start, length) runs of an address space of ``capacity`` slots, given the used runs."""
     gaps, cursor = [], 0
@@ -149,7 +176,7 @@ def _gaps(capacity: int, used: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def simulate(requests: list[Request], policy: str, capacity_tokens: int, max_len: int = 2048,
-             block_size: int = 16) -> MemoryShares:
+             block_size: int = 16, allocator: str = "buddy", sliding_window: int | None = None) -> MemoryShares:
     """Serve ``requests`` first come, first served, one token per running request per step.
 
     The cache holds ``capacity_tokens`` token slots. A request is admitted
@@ -157,7 +184,14 @@ def simulate(requests: list[Request], policy: str, capacity_tokens: int, max_len
     (``"paged"``) the blocks for its prompt and first output token. Memory is
     sampled at every step at which some request is waiting for memory (the
     server is saturated, as in the paper's measurements), and the shares are
-    averaged over those steps; with no such step they are all 0.
+    averaged over those steps; with no such step they are all 0. Contiguous
+    reservations are placed by ``allocator``: ``"buddy"`` (the paper's Orca,
+    section 6.1) or ``"first_fit"``.
+
+    With a ``sliding_window`` ``W`` (Mistral 7B, arXiv:2310.06825, section 2)
+    a sequence keeps only its last ``W`` tokens: a contiguous server reserves
+    a rolling buffer of at most ``W`` slots, and a paged one returns every
+    block that has slid out of the window to the pool.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
@@ -168,9 +202,14 @@ def simulate(requests: list[Request], policy: str, capacity_tokens: int, max_len
         raise ValueError(f"every request must fit in max_len = {max_len} tokens (prompt + output)")
     if policy != "paged" and max_len > capacity_tokens:
         raise ValueError(f"capacity_tokens ({capacity_tokens}) must hold one max_len ({max_len}) reservation")
+    if sliding_window is not None:
+        check_positive_int("sliding_window", sliding_window)
+    keep = (lambda n: n) if sliding_window is None else (lambda n: min(n, sliding_window))
+    if allocator not in ALLOCATORS:
+        raise ValueError(f"allocator must be one of {ALLOCATORS}, got {allocator!r}")
     pending = sorted(requests, key=lambda r: r.arrival)
     waiting: list[Request] = []
-    # admission number -> [request, tokens so far, start slot (contiguous), reserved slots or blocks held]
+    # admission number -> [request, tokens so far, start slot, reserved slots or blocks held, slots placed]
     running: dict[int, list] = {}
     free_blocks = capacity_tokens // block_size
     totals = np.zeros(5)
@@ -182,7 +221,10 @@ def simulate(requests: list[Request], policy: str, capacity_tokens: int, max_len
             if key not in running:
                 continue  # preempted earlier in this step
             entry = running[key]
-            if policy == "paged" and entry[1] + 1 > block_size * entry[3]:
+            if policy == "paged" and sliding_window is not None:
+                drop = entry[3] - _window_blocks(entry[1], sliding_window, block_size)
+                free_blocks, entry[3] = free_blocks + drop, entry[3] - drop  # blocks that slid out of the window
+            if policy == "paged" and _window_blocks(entry[1] + 1, sliding_window, block_size) > entry[3]:
                 if free_blocks == 0:  # preempt the latest admitted request, as vLLM does (section 4.5)
                     victim = next(reversed(running))
                     victim_entry = running.pop(victim)
@@ -202,17 +244,22 @@ def simulate(requests: list[Request], policy: str, capacity_tokens: int, max_len
             request = waiting[0]
             first = request.prompt_len + 1
             if policy == "paged":
-                need = math.ceil(first / block_size)
+                need = _window_blocks(first, sliding_window, block_size)
                 if need > free_blocks:
                     break
                 free_blocks -= need
                 running[admitted] = [request, first, None, need]
             else:
-                size = _reserve(request, policy, max_len)
-                start = _first_fit(_gaps(capacity_tokens, [(v[2], v[3]) for v in running.values()]), size)
+                size = keep(_reserve(request, policy, max_len))
+                gaps = _gaps(capacity_tokens, [(v[2], v[4]) for v in running.values()])
+                if allocator == "buddy":
+                    slab = 1 << math.ceil(math.log2(size))
+                    start = _buddy_fit(gaps, slab)
+                else:
+                    slab, start = size, _first_fit(gaps, size)
                 if start is None:
                     break
-                running[admitted] = [request, first, start, size]
+                running[admitted] = [request, first, start, size, slab]
             waiting.pop(0)
             admitted += 1
             if first >= request.final_len:  # a one-token answer is done at prefill
@@ -222,13 +269,13 @@ def simulate(requests: list[Request], policy: str, capacity_tokens: int, max_len
         step += 1
         if not waiting:  # sample only a saturated server: some request is waiting for memory
             continue
-        tokens = sum(v[1] for v in running.values())
+        tokens = sum(keep(v[1]) for v in running.values())
         if policy == "paged":
             allocated = block_size * sum(v[3] for v in running.values())
             reservation, internal, external = 0, allocated - tokens, 0
         else:
             allocated = sum(v[3] for v in running.values())
-            reservation = sum(min(v[3], v[0].final_len) - v[1] for v in running.values())
+            reservation = sum(min(v[3], keep(v[0].final_len)) - keep(v[1]) for v in running.values())
             internal, external = allocated - tokens - reservation, capacity_tokens - allocated
         free = capacity_tokens - tokens - reservation - internal - external
         totals += np.array([tokens, reservation, internal, external, free]) / capacity_tokens

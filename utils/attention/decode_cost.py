@@ -25,7 +25,7 @@ Activations, kernel launches and communication are left out.
 
 from __future__ import annotations
 
-from utils.attention.kv_cache import MODELS, AttentionConfig, kv_cache_bytes
+from utils.attention.kv_cache import MODELS, AttentionConfig, cached_tokens, kv_cache_bytes
 from utils.attention.llama_sizes import llama_param_count
 from utils.gpu import hardware
 from utils.gpu.roofline import OpCost, min_seconds
@@ -65,14 +65,16 @@ def decode_step_cost(n_params: float, config: AttentionConfig, batch: int, conte
 
     ``n_params`` is ``N``, the parameters the step reads (:func:`params_read_per_step`).
     FLOPs ``= batch (2 N + 4 L H d S)``; bytes ``= N b + 2 L H_kv d S b batch`` (module docstring).
-    ``context = 0`` leaves the cache out.
+    ``context = 0`` leaves the cache out. A model with a ``sliding_window`` ``W``
+    (Mistral-7B) attends to, and keeps, only ``min(S, W)`` tokens.
     """
     check_positive("n_params", n_params, finite=True)
     check_positive_int("batch", batch)
     check_nonnegative_int("context", context)
-    flops = batch * (2.0 * n_params + 4.0 * config.n_layers * config.n_heads * config.head_dim * context)
-    cache = kv_cache_bytes(config.n_layers, config.n_kv_heads, config.head_dim, context, batch,
-                           bytes_per_elem) if context else 0
+    attended = cached_tokens(context, config.sliding_window) if context else 0
+    flops = batch * (2.0 * n_params + 4.0 * config.n_layers * config.n_heads * config.head_dim * attended)
+    cache = kv_cache_bytes(config.n_layers, config.n_kv_heads, config.head_dim, attended, batch,
+                           bytes_per_elem) if attended else 0
     return OpCost(flops, float(n_params) * bytes_per_elem + cache)
 
 
@@ -97,4 +99,4 @@ def max_batch(n_params: float, config: AttentionConfig, context: int, gpu: str =
     if free <= 0:
         raise ValueError(f"the weights ({n_params * bytes_per_elem / 1e9:.1f} GB) do not fit in one {gpu}")
     return int(free // kv_cache_bytes(config.n_layers, config.n_kv_heads, config.head_dim, context, 1,
-                                      bytes_per_elem))
+                                      bytes_per_elem, config.sliding_window))

@@ -21,6 +21,16 @@ RoPE blocks the same trick for the rotated part: ``RoPE_m(q) . RoPE_n(W k)``
 puts a position-dependent rotation between ``q`` and ``W``, so the product
 cannot be folded into one fixed matrix; that is why the RoPE dimensions are
 decoupled and kept uncompressed.
+
+*As DeepSeek serves it.* The checkpoints add an RMSNorm after each compressed
+latent (section 3.1.2: "additional RMS Norm layers after the compressed latent
+vectors"), so what is cached is ``RMSNorm(W_DKV h)`` (vLLM's ``kv_c_normed``)
+and the queries are rebuilt from ``RMSNorm(W_DQ h)``. The norm sits *before*
+``W_UK`` and ``W_UV``, so absorption is untouched. :data:`WEIGHT_NAMES` maps the
+paper's matrices to the names of the released weights (Hugging Face's
+``modeling_deepseek.py`` and vLLM's ``deepseek_v2.py`` use the same ones), which
+fuse some of them: ``q_b_proj`` is ``[W_UQ_i; W_QR_i]`` per head, ``kv_b_proj`` is
+``[W_UK_i; W_UV_i]`` per head and ``kv_a_proj_with_mqa`` is ``[W_DKV; W_KR]``.
 """
 
 from __future__ import annotations
@@ -33,6 +43,23 @@ from torch import nn
 
 from utils.attention.llama import apply_rope, rope_angles
 from utils.validate import check_positive_int
+
+
+WEIGHT_NAMES: dict[str, tuple[str, str]] = {
+    "W_DQ": ("q_a_proj", "d_c' x d: compresses h to the query latent c_Q"),
+    "RMSNorm(c_Q)": ("q_a_layernorm", "the norm on the query latent (section 3.1.2)"),
+    "W_UQ, W_QR": ("q_b_proj", "n_h (d_h + d_h^R) x d_c': per head, [W_UQ_i; W_QR_i] stacked"),
+    "W_DKV, W_KR": ("kv_a_proj_with_mqa", "(d_c + d_h^R) x d: c_KV and the shared RoPE key k^R"),
+    "RMSNorm(c_KV)": ("kv_a_layernorm", "the norm on c_KV; its output is what is cached (kv_c_normed)"),
+    "W_UK, W_UV": ("kv_b_proj", "n_h (d_h + d_h) x d_c: per head, [W_UK_i; W_UV_i] stacked"),
+    "W_O": ("o_proj", "d x n_h d_h"),
+}
+"""The paper's matrices (DeepSeek-V2, equations 9-19) -> (name in the released checkpoints, shape and role).
+
+Names as in Hugging Face's ``DeepseekV2Attention``/``DeepseekV3Attention`` and
+vLLM's ``DeepseekV2MLAAttention``; vLLM's ``vllm/v1/attention/backends/mla/common.py``
+spells out the fusions ("kv_b_proj is [W_UK; W_UV] concatenated per head").
+"""
 
 
 @dataclass(frozen=True)
@@ -68,19 +95,26 @@ class MLA(nn.Module):
         self.w_qr = nn.Linear(c.q_lora_rank, nh * dr, bias=False)
         self.w_kr = nn.Linear(c.dim, dr, bias=False)
         self.w_o = nn.Linear(nh * dh, c.dim, bias=False)
+        # section 3.1.2: RMSNorm on both compressed latents (q_a_layernorm, kv_a_layernorm in the checkpoints)
+        self.q_norm = nn.RMSNorm(c.q_lora_rank, eps=1e-6)
+        self.kv_norm = nn.RMSNorm(c.kv_lora_rank, eps=1e-6)
 
     def _queries(self, h: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         c, (b, s, _) = self.config, h.shape
-        c_q = self.w_dq(h)
+        c_q = self.q_norm(self.w_dq(h))
         q_c = self.w_uq(c_q).view(b, s, c.n_heads, c.head_dim).transpose(1, 2)
         cos, sin = rope_angles(s, c.rope_head_dim, start=start, device=h.device)
         q_r = apply_rope(self.w_qr(c_q).view(b, s, c.n_heads, c.rope_head_dim).transpose(1, 2), cos, sin)
         return q_c, q_r
 
     def latents(self, h: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """What MLA caches per token: ``c_KV`` ``(b, s, d_c)`` and the shared RoPE key ``(b, s, d_h^R)``."""
+        """What MLA caches per token: ``RMSNorm(c_KV)`` ``(b, s, d_c)`` and the shared RoPE key ``(b, s, d_h^R)``.
+
+        The norm follows DeepSeek-V2 section 3.1.2 (vLLM calls its output
+        ``kv_c_normed``); the RoPE key is not normed.
+        """
         cos, sin = rope_angles(h.shape[1], self.config.rope_head_dim, start=start, device=h.device)
-        return self.w_dkv(h), apply_rope(self.w_kr(h), cos, sin)
+        return self.kv_norm(self.w_dkv(h)), apply_rope(self.w_kr(h), cos, sin)
 
     def _attend(self, scores: torch.Tensor, start: int) -> torch.Tensor:
         s, n_keys = scores.shape[-2:]
