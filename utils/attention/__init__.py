@@ -11,15 +11,16 @@ Modules:
 - :mod:`utils.attention.llama_sizes`: the parameter count of a LLaMA-style decoder, by kind,
   and LLaMA-1's published sizes (Table 2) to check it against;
 - :mod:`utils.attention.mla`: multi-head latent attention, naive and with
-  the up-projections absorbed (DeepSeek-V2);
+  the up-projections absorbed, with the RMSNorms on the latents (DeepSeek-V2), and the
+  checkpoints' weight names;
 - :mod:`utils.attention.flash_reference`: online softmax, FlashAttention's
   tiled forward and recomputing backward in plain PyTorch, and its HBM traffic;
 - :mod:`utils.attention.flash_plots`: the FlashAttention chapter's figures (online-softmax
   and tiling animation frames, HBM bytes against N, the roofline placement);
 - :mod:`utils.attention.peak_memory`: peak bytes of tensor storage a call allocates, on
   a CPU or a GPU (a dispatch mode that tracks storages);
-- :mod:`utils.attention.kv_cache`: KV-cache bytes of MHA, GQA, MQA and MLA,
-  and the configurations of LLaMA-2, Llama 3, Mistral and DeepSeek-V2/V3;
+- :mod:`utils.attention.kv_cache`: KV-cache bytes of MHA, GQA, MQA and MLA, with sliding
+  windows, and the configurations of LLaMA-2, Llama 3, Mistral, DeepSeek 67B and DeepSeek-V2/V3;
 - :mod:`utils.attention.paged_cache`: a paged KV cache with block tables and
   copy-on-write (vLLM's PagedAttention memory manager);
 - :mod:`utils.attention.paged_attention`: decode attention that reads K/V through a paged
