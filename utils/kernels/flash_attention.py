@@ -7,7 +7,10 @@ walks over ``BLOCK_N``-key tiles of K and V, keeping the running maximum
 ``m_i``, denominator ``l_i`` and unnormalised output ``acc`` in registers. It
 writes O and the log-sum-exp ``L`` per row. The exponentials use ``exp2`` with
 the scale folded into ``log2(e) * sm_scale``, as Triton's fused-attention
-tutorial does (``exp2`` is one instruction on NVIDIA GPUs).
+tutorial does (``exp2`` is one instruction on NVIDIA GPUs). A causal program
+splits its loop as that tutorial does: the key tiles wholly left of the
+diagonal need no mask, only the tiles that cross it are masked, and the grid
+starts with the last (heaviest) row tiles.
 
 The backward (FlashAttention-2, Algorithm 2) is two kernels: one program per
 tile of keys accumulates ``dK`` and ``dV`` over all query tiles, one program
@@ -38,13 +41,50 @@ LOG2_E = 1.4426950408889634
 
 
 @triton.jit
+def _attend_tiles(acc, l_i, m_i, q, K, V, k_base, v_base, s_kn, s_vn, rows, dims, n_k, qk_scale, lo, hi,
+                  BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    """The online softmax over key tiles ``lo .. hi``; with ``MASK`` each score is checked (tail and causal)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        if MASK:
+            col_ok = cols < n_k
+            k_t = tl.load(K + k_base + cols[None, :] * s_kn + dims[:, None], mask=col_ok[None, :], other=0.0)
+        else:
+            k_t = tl.load(K + k_base + cols[None, :] * s_kn + dims[:, None])
+        s = tl.dot(q, k_t, input_precision=PRECISION) * qk_scale
+        if MASK:
+            keep = col_ok[None, :]
+            if CAUSAL:
+                keep = keep & (cols[None, :] <= rows[:, None])
+            s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASK:
+            v = tl.load(V + v_base + cols[:, None] * s_vn + dims[None, :], mask=col_ok[:, None], other=0.0)
+        else:
+            v = tl.load(V + v_base + cols[:, None] * s_vn + dims[None, :])
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _flash_forward_kernel(Q, K, V, O, LSE, sm_scale,
                           s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_ob, s_oh, s_on,
                           n_heads, n_q, n_k,
                           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
-    """Program (i, b*h) writes O and L for query rows ``i*BLOCK_M ..`` of head ``h`` of batch ``b``."""
+                          CAUSAL: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr):
+    """Program (i, b*h) writes O and L for query rows ``i*BLOCK_M ..`` of head ``h`` of batch ``b``.
+
+    ``SPLIT`` (causal only): the key tiles wholly left of the diagonal run without any mask, then the
+    tiles that cross it with the mask, and the grid is walked last row tile first (heavy programs first).
+    Without it every visited tile is masked score by score, in grid order.
+    """
     start_m = tl.program_id(0)
+    if CAUSAL and SPLIT:
+        start_m = tl.num_programs(0) - 1 - start_m  # the row tiles with the most keys start first
     bh = tl.program_id(1)
     b, h = bh // n_heads, bh % n_heads
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -55,25 +95,23 @@ def _flash_forward_kernel(Q, K, V, O, LSE, sm_scale,
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     qk_scale = sm_scale * 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e))
+    k_base = b * s_kb + h * s_kh
+    v_base = b * s_vb + h * s_vh
     hi = n_k
     if CAUSAL:
         hi = tl.minimum((start_m + 1) * BLOCK_M, n_k)  # tiles right of the diagonal are all masked
-    for start_n in range(0, hi, BLOCK_N):
-        cols = start_n + tl.arange(0, BLOCK_N)
-        col_ok = cols < n_k
-        k_t = tl.load(K + b * s_kb + h * s_kh + cols[None, :] * s_kn + dims[:, None], mask=col_ok[None, :], other=0.0)
-        s = tl.dot(q, k_t, input_precision=PRECISION) * qk_scale
-        keep = col_ok[None, :]
-        if CAUSAL:
-            keep = keep & (cols[None, :] <= rows[:, None])
-        s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + b * s_vb + h * s_vh + cols[:, None] * s_vn + dims[None, :], mask=col_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        if SPLIT:
+            diagonal = (start_m * BLOCK_M) // BLOCK_N * BLOCK_N  # key tiles before this one: every key <= every row
+            acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, K, V, k_base, v_base, s_kn, s_vn, rows, dims, n_k,
+                                          qk_scale, 0, diagonal, BLOCK_N, False, CAUSAL, PRECISION)
+            acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, K, V, k_base, v_base, s_kn, s_vn, rows, dims, n_k,
+                                          qk_scale, diagonal, hi, BLOCK_N, True, CAUSAL, PRECISION)
+        else:
+            acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, K, V, k_base, v_base, s_kn, s_vn, rows, dims, n_k,
+                                          qk_scale, 0, hi, BLOCK_N, True, CAUSAL, PRECISION)
+    else:
+        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, K, V, k_base, v_base, s_kn, s_vn, rows, dims, n_k,
+                                      qk_scale, 0, hi, BLOCK_N, True, CAUSAL, PRECISION)
     acc = acc / l_i[:, None]
     tl.store(O + b * s_ob + h * s_oh + rows[:, None] * s_on + dims[None, :], acc.to(O.dtype.element_ty),
              mask=row_ok[:, None])
@@ -192,7 +230,7 @@ class FlashAttention(torch.autograd.Function):
     """Triton forward saving O and the log-sum-exp; Triton backward recomputing P tile by tile."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, sm_scale, block_m, block_n):
+    def forward(ctx, q, k, v, causal, sm_scale, block_m, block_n, split_diagonal=True):
         q, k, v, scale, precision = _prepare(q, k, v, causal, sm_scale)
         batch, heads, n_q, d = q.shape
         n_k = k.shape[2]
@@ -203,7 +241,7 @@ class FlashAttention(torch.autograd.Function):
         _flash_forward_kernel[grid](q, k, v, out, lse, scale,
                                     *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
                                     heads, n_q, n_k, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
-                                    PRECISION=precision)
+                                    PRECISION=precision, SPLIT=bool(split_diagonal))
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (causal, scale, bm, bn, precision)
         return out
@@ -226,12 +264,12 @@ class FlashAttention(torch.autograd.Function):
             q, k, v, d_out, lse, delta, dk, dv, scale, *strides, **meta)
         _flash_backward_dq_kernel[(triton.cdiv(n_q, bm), batch * heads)](
             q, k, v, d_out, lse, delta, dq, scale, *strides, **meta)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    sm_scale: float | None = None, block_m: int | None = None, block_n: int | None = None
-                    ) -> torch.Tensor:
+                    sm_scale: float | None = None, block_m: int | None = None, block_n: int | None = None,
+                    split_diagonal: bool = True) -> torch.Tensor:
     """``softmax(Q K^T * sm_scale) V`` by the Triton kernels, differentiable.
 
     ``q`` is ``(batch, heads, n_q, head_dim)``, ``k`` and ``v`` are
@@ -241,5 +279,12 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     ``j > i`` for query ``i`` and needs ``n_q == n_k``. ``sm_scale`` defaults to
     ``1 / sqrt(head_dim)``. ``block_m`` and ``block_n`` are the query and key
     tile sides (powers of two >= 16; 64, or less for short sequences, by default).
+    ``split_diagonal`` (causal only): run the key tiles left of the diagonal
+    without a mask and only the diagonal tiles masked, heavy row tiles first,
+    as Triton's fused-attention tutorial does; ``False`` masks every visited
+    tile (the same result; :func:`utils.attention.flash_schedule.causal_tile_counts`
+    counts what the split saves).
     """
-    return FlashAttention.apply(q, k, v, causal, sm_scale, block_m, block_n)
+    if not isinstance(split_diagonal, bool):
+        raise ValueError(f"split_diagonal must be True or False, got {split_diagonal!r}")
+    return FlashAttention.apply(q, k, v, causal, sm_scale, block_m, block_n, split_diagonal)
