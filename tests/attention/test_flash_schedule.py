@@ -67,3 +67,19 @@ def test_gqa_packing_loads_each_kv_tile_once_per_group():
 def test_bad_input_raises(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_recorded_tile_sweep_reads_the_file_fastest_first():
+    from utils.attention.flash_schedule import recorded_tile_sweep
+
+    sweep = recorded_tile_sweep()
+    assert set(sweep) == {4096, 8192}
+    for n, entry in sweep.items():
+        rates = [c.tflops for c in entry["configs"]]
+        assert rates == sorted(rates, reverse=True) and len(rates) == 8
+        default = [c for c in entry["configs"] if (c.block_m, c.block_n, c.warps, c.stages) == (64, 64, 4, 3)]
+        assert default and default[0].tflops == entry["default"]  # the kernel's default tiles are in the sweep
+    best = sweep[8192]["configs"][0]
+    assert (best.block_m, best.block_n, best.warps, best.stages) == (128, 128, 8, 3)
+    with pytest.raises(ValueError, match="no tile sweep"):
+        recorded_tile_sweep("no-such-gpu")

@@ -1,4 +1,4 @@
-"""How a FlashAttention kernel lays out its work: causal tiles, program order, and GQA packing, counted.
+"""How a FlashAttention kernel lays out its work: tile shapes, causal tiles, program order, GQA packing.
 
 Three pieces of engineering sit on top of the algorithm of
 :mod:`utils.attention.flash_reference`, and each is a count that does not need
@@ -14,6 +14,8 @@ a GPU (the chapter ``chapters/03-attention/05-flash-attention`` uses them):
   visits ``i + 1`` key tiles). A GPU hands programs to free SMs in grid order,
   so the order decides how long the last SM runs: heavy tiles first (longest
   processing time first, Graham 1969) leaves short ones to fill the tail.
+- :func:`recorded_tile_sweep`: the tile shapes ``python -m benchmarks.flash_tiles``
+  measured on a GPU (``benchmarks/results/flash_tiles-<gpu>.txt``), fastest first.
 - :func:`gqa_kv_tile_loads`: under grouped-query attention ``g`` query heads
   share one K/V head. One program per query head loads every K/V tile ``g``
   times; one program that packs the group's query rows loads it once.
@@ -23,7 +25,9 @@ from __future__ import annotations
 
 import heapq
 import math
+import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NamedTuple
 
 from utils.validate import check_positive_int
@@ -118,3 +122,39 @@ def gqa_kv_tile_loads(seq_len: int, head_dim: int, q_heads: int, kv_heads: int, 
         raise ValueError(f"q_heads must be a multiple of kv_heads, got {hq} and {hkv}")
     programs = (hkv if packed else hq) * math.ceil(n / bm)
     return float(programs * 2 * n * d * element_size)
+
+
+class TileRate(NamedTuple):
+    """One configuration of the recorded tile sweep: TFLOP/s and its tiles, warps and pipeline stages."""
+
+    tflops: float
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int
+
+
+_SWEEP_LINE = re.compile(r"^\s+(\d+) TFLOP/s .*BLOCK_M\s+(\d+)\s+BLOCK_N\s+(\d+)\s+(\d+) warps\s+(\d+) stages")
+_SWEEP_HEADER = re.compile(r"^n=(\d+): SDPA cuDNN (\d+) TFLOP/s; default tiles (\d+)")
+
+
+def recorded_tile_sweep(gpu: str = "h100-sxm") -> dict[int, dict]:
+    """``benchmarks/results/flash_tiles-<gpu>.txt`` as ``{N: {"cudnn": .., "default": .., "configs": [TileRate]}}``.
+
+    The file is written by ``python -m benchmarks.flash_tiles`` on a GPU (its
+    header names the device, date and versions); configurations are listed
+    fastest first, as recorded. The default tiles of
+    :func:`utils.kernels.flash_attention.flash_attention` are 64 x 64, 4 warps, 3 stages.
+    """
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / f"flash_tiles-{gpu}.txt"
+    if not path.exists():
+        raise ValueError(f"no tile sweep recorded for {gpu!r} (looked for {path})")
+    sweep: dict[int, dict] = {}
+    current = None
+    for line in path.read_text().splitlines():
+        if (header := _SWEEP_HEADER.match(line)):
+            current = sweep.setdefault(int(header[1]), {"cudnn": float(header[2]), "default": float(header[3]),
+                                                         "configs": []})
+        elif (row := _SWEEP_LINE.match(line)) and current is not None:
+            current["configs"].append(TileRate(float(row[1]), *(int(row[i]) for i in range(2, 6))))
+    return sweep
