@@ -54,8 +54,9 @@ def test_gqa_packing_loads_each_kv_tile_once_per_group():
     unpacked = gqa_kv_tile_loads(4096, 128, q_heads=32, kv_heads=8, block_m=64)
     packed = gqa_kv_tile_loads(4096, 128, q_heads=32, kv_heads=8, block_m=64, packed=True)
     assert unpacked == 32 * 64 * 2 * 4096 * 128 * 2 and unpacked / packed == 4
-    decode = gqa_kv_tile_loads(1, 128, 32, 8, block_m=16)  # one query row: one program per head reads its cache
-    assert decode == 32 * 2 * 1 * 128 * 2
+    decode = gqa_kv_tile_loads(1, 128, 32, 8, block_m=16, kv_len=4096)  # one query row: a program per head
+    assert decode == 32 * 2 * 4096 * 128 * 2
+    assert decode / gqa_kv_tile_loads(1, 128, 32, 8, block_m=16, kv_len=4096, packed=True) == 4
 
 
 @pytest.mark.parametrize("call, match", [

@@ -163,7 +163,7 @@ def plot_hbm_bytes(head_dims: Sequence[int] = (64, 128), block_rows: int = 128, 
 def plot_attention_roofline(seq_len: int = 4096, head_dim: int = 128, gpu: str = "H100-SXM",
                             precision: str = "bf16", block_rows: int = 128,
                             measured: dict[str, float] | None = None,
-                            exp_per_s: float | None = None) -> Figure:
+                            exp_per_s: float | None = None, matmul_flops: float | None = None) -> Figure:
     """Standard attention and FlashAttention (one head's forward) placed on ``gpu``'s HBM roofline.
 
     Intensities from :func:`utils.gpu.roofline.attention_intensity`, FLOPs
@@ -173,7 +173,8 @@ def plot_attention_roofline(seq_len: int = 4096, head_dim: int = 128, gpu: str =
     ``measured`` maps a label to a measured rate in TFLOP/s, drawn at the L2
     model's intensity (where the recording places it); ``exp_per_s`` adds the
     ceiling of a kernel whose exponentials never overlap its matmuls
-    (:func:`utils.gpu.roofline.attention_serial_exp_bound`).
+    (:func:`utils.gpu.roofline.attention_serial_exp_bound`), with matmuls at
+    ``matmul_flops`` (the chip's peak by default; a measured cuBLAS rate is the honest choice).
     """
     check_positive_int("block_rows", block_rows)
     spec = hardware.spec(gpu)
@@ -193,7 +194,7 @@ def plot_attention_roofline(seq_len: int = 4096, head_dim: int = 128, gpu: str =
         y = hardware.attainable_flops(x, peak, spec.hbm_bandwidth) / 1e12
         ax.plot([x], [y], "o", color=f"C{idx}", ms=7, label=f"{label}: {x:.0f} FLOP/B, at most {y:.0f} TFLOP/s")
     if exp_per_s is not None:
-        serial = roofline.attention_serial_exp_bound(head_dim, peak, exp_per_s) / 1e12
+        serial = roofline.attention_serial_exp_bound(head_dim, matmul_flops or peak, exp_per_s) / 1e12
         ax.axhline(serial, color="C3", ls="--", lw=1,
                    label=f"exponentials not overlapped (d={head_dim}): {serial:.0f} TFLOP/s")
     x_l2 = points["Flash, re-reads hit L2 (K/V once)"]

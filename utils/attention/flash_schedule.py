@@ -101,27 +101,30 @@ def causal_row_tile_work(seq_len: int, block_m: int, block_n: int, heads: int) -
 
 
 def gqa_kv_tile_loads(seq_len: int, head_dim: int, q_heads: int, kv_heads: int, block_m: int,
-                      element_size: int = 2, packed: bool = False) -> float:
+                      element_size: int = 2, packed: bool = False, kv_len: int | None = None) -> float:
     """Bytes of K and V that one sequence's programs load into SMs (non-causal forward), with GQA.
 
-    Unpacked, each of ``q_heads`` heads has ``ceil(N / B_m)`` programs, each of
-    which loads all of its K/V head: ``q_heads * T_r * 2 N d`` elements. Packed,
-    one program takes ``B_m`` rows of all ``g = q_heads / kv_heads`` query heads
-    of a group (a ``g B_m``-row tile against the shared K/V tile), so each K/V
-    tile is loaded ``g`` times fewer: ``kv_heads * T_r * 2 N d``. With L2 reuse
-    HBM sees K/V once either way; the packing saves L2-to-SM traffic and shared
-    memory loads, and in decoding (one query row, ``T_r = 1``) it turns ``g``
-    reads of the cache into one.
+    ``seq_len`` query rows attend to ``kv_len`` keys (``seq_len`` by default;
+    one query row and a long ``kv_len`` is decoding). Unpacked, each of
+    ``q_heads`` heads has ``ceil(seq_len / B_m)`` programs, each of which loads
+    all of its K/V head: ``q_heads * T_r * 2 kv_len d`` elements. Packed, one
+    program takes ``B_m`` rows of all ``g = q_heads / kv_heads`` query heads of a
+    group (a ``g B_m``-row tile against the shared K/V tile), so each K/V tile is
+    loaded ``g`` times fewer: ``kv_heads * T_r * 2 kv_len d``. With L2 reuse HBM
+    may see K/V once either way; the packing saves L2-to-SM traffic and shared
+    memory loads, and in decoding, where nothing else reuses the cache, it turns
+    ``g`` reads of it into one.
     """
     n = check_positive_int("seq_len", seq_len)
     d = check_positive_int("head_dim", head_dim)
     hq = check_positive_int("q_heads", q_heads)
     hkv = check_positive_int("kv_heads", kv_heads)
     bm = check_positive_int("block_m", block_m)
+    n_kv = n if kv_len is None else check_positive_int("kv_len", kv_len)
     if hq % hkv:
         raise ValueError(f"q_heads must be a multiple of kv_heads, got {hq} and {hkv}")
     programs = (hkv if packed else hq) * math.ceil(n / bm)
-    return float(programs * 2 * n * d * element_size)
+    return float(programs * 2 * n_kv * d * element_size)
 
 
 class TileRate(NamedTuple):
