@@ -184,23 +184,24 @@ def plot_attention_roofline(seq_len: int = 4096, head_dim: int = 128, gpu: str =
                   seq_len, head_dim, 2, fused=True, block_rows=block_rows),
               "Flash, re-reads hit L2 (K/V once)": roofline.attention_intensity(
                   seq_len, head_dim, 2, fused=True, block_rows=block_rows, kv_reuse="l2")}
-    xs = [2 ** (e / 4) for e in range(0, 4 * 13)]
-    fig, ax = plt.subplots(figsize=(7.0, 3.8))
+    xs = [2 ** (e / 4) for e in range(4 * 3, 4 * 14)]
+    fig, ax = plt.subplots(figsize=(9.0, 3.6))
     ax.loglog(xs, [hardware.attainable_flops(x, peak, spec.hbm_bandwidth) / 1e12 for x in xs], "k-", lw=1.5)
     ridge = roofline.ridge_point(gpu, precision)
     ax.axvline(ridge, color="0.6", ls=":", lw=1)
-    ax.text(ridge * 1.1, peak / 1e12 * 0.06, f"ridge {ridge:.0f} FLOP/B", fontsize=8, color="0.4")
+    ax.text(ridge * 1.1, peak / 1e12 * 0.03, f"ridge {ridge:.0f} FLOP/B", fontsize=8, color="0.4")
     for idx, (label, x) in enumerate(points.items()):
         y = hardware.attainable_flops(x, peak, spec.hbm_bandwidth) / 1e12
-        ax.plot([x], [y], "o", color=f"C{idx}", ms=7, label=f"{label}: {x:.0f} FLOP/B, at most {y:.0f} TFLOP/s")
+        style = dict(mfc="none", mew=2, ms=11) if idx == 0 else dict(ms=7)  # hollow: it may coincide with a tiled point
+        ax.plot([x], [y], "o", color=f"C{idx}", **style, label=f"{label}: {x:.0f} FLOP/B, at most {y:.0f} TFLOP/s")
     if exp_per_s is not None:
         serial = roofline.attention_serial_exp_bound(head_dim, matmul_flops or peak, exp_per_s) / 1e12
         ax.axhline(serial, color="C3", ls="--", lw=1,
                    label=f"exponentials not overlapped (d={head_dim}): {serial:.0f} TFLOP/s")
     x_l2 = points["Flash, re-reads hit L2 (K/V once)"]
     for idx, (label, rate) in enumerate((measured or {}).items()):
-        ax.plot([x_l2 * 1.08 ** (idx + 1)], [rate], marker="_^vsDP*x"[idx % 8], color="0.25", ms=8, ls="none",
-                label=f"measured: {label}, {rate:.0f} TFLOP/s")
+        ax.plot([x_l2 * 1.15 ** (idx + 1)], [rate], marker="^vsDP*xh"[idx % 8], color=f"C{idx + 4}", ms=7,
+                ls="none", label=f"measured: {label}, {rate:.0f} TFLOP/s")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("arithmetic intensity (FLOPs per HBM byte)")
     ax.set_ylabel(f"attainable TFLOP/s ({precision})")
