@@ -57,15 +57,20 @@ def online_softmax_steps(blocks: list[list[float]]) -> list[OnlineSoftmaxState]:
     return states
 
 
-def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> None:
-    """``ValueError`` unless q, k, v are ``(batch, heads, seq, head_dim)`` with matching sizes and dtype."""
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, gqa: bool = False) -> None:
+    """``ValueError`` unless q, k, v are ``(batch, heads, seq, head_dim)`` with matching sizes and dtype.
+
+    With ``gqa``, k and v may have fewer heads than q, a divisor of q's (grouped-query attention).
+    """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor (batch, heads, seq, head_dim), "
                              f"got {getattr(t, 'shape', type(t).__name__)}")
-    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+    heads_ok = q.shape[1] == k.shape[1] or (gqa and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0)
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or not heads_ok or q.shape[3] != k.shape[3]:
         raise ValueError(f"q, k, v shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; "
-                         "k and v must be equal and share batch, heads and head_dim with q")
+                         "k and v must be equal and share batch, heads and head_dim with q"
+                         + (" (or have a divisor of q's heads)" if gqa else ""))
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if causal and q.shape[2] != k.shape[2]:
