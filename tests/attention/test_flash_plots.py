@@ -50,3 +50,13 @@ def test_plots_return_figures_and_check_inputs():
         plot_hbm_bytes(max_log2_seq=30)
     with pytest.raises(ValueError, match="block_rows"):
         plot_hbm_bytes(block_rows=0)
+
+
+def test_roofline_draws_the_three_models_and_the_measured_rates():
+    fig = plot_attention_roofline(4096, 128, block_rows=64, measured={"a kernel": 416.0}, exp_per_s=4.1e12)
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert any("re-read from HBM (B_r=64): 63 FLOP/B" in label for label in labels)  # ~ B_r in fp16
+    assert any("hit L2 (K/V once): 2048 FLOP/B" in label for label in labels)  # N / 2
+    assert any("measured: a kernel, 416" in label for label in labels)
+    assert any("exponentials not overlapped" in label for label in labels)
+    plt.close(fig)

@@ -5,6 +5,8 @@ import torch
 
 from utils.attention.flash_reference import (
     attention_hbm_bytes,
+    kv_l2_to_sm_bytes,
+    kv_working_set_bytes,
     attention_reference,
     online_softmax_steps,
     tiled_attention,
@@ -83,3 +85,53 @@ def test_float64_inputs_are_computed_in_float64(causal):
     for g, e in zip(torch.autograd.grad(got, (q, k, v), d_out), torch.autograd.grad(expected, (q, k, v), d_out)):
         assert g.dtype == torch.float64
         torch.testing.assert_close(g, e)
+
+
+def test_l2_reuse_reads_k_and_v_once_from_hbm():
+    n, d = 4096, 128
+    _, no_reuse = attention_hbm_bytes(n, d, block_rows=64)
+    standard, l2 = attention_hbm_bytes(n, d, block_rows=64, kv_reuse="l2")
+    assert l2 == 4 * n * d * 2 + 4 * n  # Q, K, V, O once, plus fp32 log-sum-exps
+    assert no_reuse == (2 * n * d + 2 * 64 * n * d) * 2 + 4 * n  # T_r = 64 passes over K and V
+    assert attention_hbm_bytes(n, d, block_rows=16, kv_reuse="l2")[1] == l2  # the tile no longer matters
+    assert standard == attention_hbm_bytes(n, d)[0]
+    # the re-reads still cross L2 -> SM: 2 T_r N d elements, an intensity of 2 B_r / element_size = B_r in fp16
+    assert kv_l2_to_sm_bytes(n, d, block_rows=64) == 2 * 64 * n * d * 2
+    assert 4 * n * n * d / kv_l2_to_sm_bytes(n, d, block_rows=64) == pytest.approx(64)
+
+
+def test_recorded_rate_refutes_the_hbm_reread_model_and_fits_the_l2_one():
+    """benchmarks/results: the 64 x 64 kernel runs above the roof of the paper's count; the harness's intensity is N/2."""
+    from utils import recorded
+    from utils.gpu import hardware
+
+    h100 = hardware.spec("H100-SXM")
+    data = recorded.load()
+    for n in (4096, 8192):
+        row = next(r for r in data["results"]
+                   if r["kernel"] == "flash_attention fwd" and r["shape"] == f"b4 h16 n{n} d128 float16")
+        flops = 4 * n * n * 128
+        _, reread = attention_hbm_bytes(n, 128, block_rows=64)  # the kernel's default tiles (_blocks)
+        _, once = attention_hbm_bytes(n, 128, block_rows=64, kv_reuse="l2")
+        assert row["value"] * 1e12 > 1.5 * flops / reread * h100.hbm_bandwidth  # refuted by a wide margin
+        assert row["intensity"] == pytest.approx(flops / once, rel=1e-2)  # the harness's N / 2 (no log-sum-exps)
+        # 132 SMs, up to 2 programs each: the K/V of the heads in flight fit the 50 MB L2 with room to spare
+        assert kv_working_set_bytes(n, 128, 2 * h100.sm_count, block_rows=64) < h100.l2_bytes / 2
+
+
+def test_working_set_counts_the_heads_a_window_of_programs_spans():
+    n, d = 1024, 64  # T_r = 8 row tiles of 128
+    assert kv_working_set_bytes(n, d, 1) == 2 * n * d * 2
+    assert kv_working_set_bytes(n, d, 8) == 2 * (2 * n * d * 2)  # 8 consecutive programs may straddle two heads
+    assert kv_working_set_bytes(n, d, 9) == 2 * (2 * n * d * 2)
+    assert kv_working_set_bytes(n, d, 10) == 3 * (2 * n * d * 2)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: attention_hbm_bytes(64, 16, kv_reuse="smem"), "kv_reuse"),
+    (lambda: kv_working_set_bytes(64, 16, 0), "programs_in_flight"),
+    (lambda: kv_l2_to_sm_bytes(64, 16, block_rows=0), "block_rows"),
+])
+def test_bad_traffic_arguments_raise(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

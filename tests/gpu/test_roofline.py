@@ -50,6 +50,10 @@ def test_attention_counts_match_algorithm_0_of_flashattention():
     # K and V re-read once per block of 128 query rows: 8 passes.
     blocked = rl.attention_cost(s, d, b, fused=True, block_rows=128)
     assert blocked.nbytes == (2 * s * d + 2 * s * d * 8) * b
+    # ... unless the re-reads hit L2: HBM then sees K and V once, whatever the tile
+    assert rl.attention_cost(s, d, b, fused=True, block_rows=128, kv_reuse="l2").nbytes == fused.nbytes
+    # 4 S^2 d FLOPs over (2 + 2 T_r) S d b bytes: just under 2 B_r / b = 64 for 64-row tiles in fp16
+    assert rl.attention_intensity(s, d, b, fused=True, block_rows=64) == pytest.approx(4 * s / ((2 + 2 * 16) * b))
 
 
 def test_materialising_scores_makes_attention_memory_bound():
@@ -110,6 +114,8 @@ def test_fused_attention_never_moves_more_bytes(s, d):
     lambda: rl.attention_intensity(128, 64, 2, fused="yes"),
     lambda: rl.attention_intensity(128, 64, 2, fused=False, block_rows=64),
     lambda: rl.attention_intensity(128, 64, 2, fused=True, block_rows=0),
+    lambda: rl.attention_intensity(128, 64, 2, fused=True, kv_reuse="smem"),
+    lambda: rl.attention_intensity(128, 64, 2, fused=False, kv_reuse="l2"),
     lambda: rl.place(0.0),
     lambda: rl.place(1.0, "H100"),
     lambda: rl.place(1.0, "A100-SXM4-80GB", "fp8"),

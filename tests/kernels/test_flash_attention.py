@@ -59,3 +59,42 @@ def test_the_package_exports_the_launcher():
     assert utils.kernels.flash_attention is flash_attention
     torch.testing.assert_close(utils.kernels.flash_attention(q, k, v, causal=True),
                                attention_reference(q, k, v, causal=True), rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("n, block_m, block_n", [(64, 16, 16), (70, 32, 16), (45, 16, 32)])
+def test_causal_diagonal_split_equals_the_masked_loop(n, block_m, block_n):
+    """Unmasked tiles left of the diagonal plus a masked diagonal, heavy tiles first: the same numbers as masking all."""
+    q, k, v = (t.float() for t in _inputs(1, 2, n, n, 32, torch.float32))
+    split = flash_attention(q, k, v, causal=True, block_m=block_m, block_n=block_n)
+    masked = flash_attention(q, k, v, causal=True, block_m=block_m, block_n=block_n, split_diagonal=False)
+    assert torch.equal(split, masked)  # an unmasked tile computes the same scores, in the same order
+    torch.testing.assert_close(split, attention_reference(q, k, v, causal=True), rtol=2e-4, atol=2e-4)
+    with pytest.raises(ValueError, match="split_diagonal"):
+        flash_attention(q, k, v, causal=True, split_diagonal="yes")
+
+
+@pytest.mark.parametrize("causal, heads, kv_heads, n", [(False, 4, 2, 37), (True, 4, 1, 45), (True, 8, 2, 33)])
+def test_gqa_packed_forward_and_gradients_match_expanded_kv(causal, heads, kv_heads, n):
+    """One program per group of query heads: the same result as attention with K/V repeated per query head."""
+    manual_seed(0)
+    q64 = torch.randn(2, heads, n, 32, dtype=torch.float64, device=device(), requires_grad=True)
+    k64, v64 = (torch.randn(2, kv_heads, n, 32, dtype=torch.float64, device=device(), requires_grad=True)
+                for _ in range(2))
+    d_out = torch.randn(2, heads, n, 32, dtype=torch.float64, device=device())
+    g = heads // kv_heads
+    expected = attention_reference(q64, k64.repeat_interleave(g, 1), v64.repeat_interleave(g, 1), causal)
+    expected_grads = torch.autograd.grad(expected, (q64, k64, v64), d_out)
+    q, k, v = (t.detach().float().requires_grad_() for t in (q64, k64, v64))
+    out = flash_attention(q, k, v, causal=causal, block_m=16, block_n=16)
+    grads = torch.autograd.grad(out, (q, k, v), d_out.float())
+    torch.testing.assert_close(out.double(), expected, rtol=2e-4, atol=2e-4)
+    for name, got, want in zip("qkv", grads, expected_grads):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got.double(), want, rtol=2e-4, atol=2e-4, msg=lambda m, n=name: f"d{n}: {m}")
+
+
+def test_gqa_group_must_be_a_power_of_two():
+    q = torch.zeros(1, 6, 8, 16, device=device())
+    k = torch.zeros(1, 2, 8, 16, device=device())
+    with pytest.raises(ValueError, match="power of two"):
+        flash_attention(q, k, k)

@@ -11,7 +11,8 @@ animation frame on a given axes, for :func:`utils.viz.animate`):
   arXiv:2307.08691, Algorithm 1): a tile of query rows walking over the K/V tiles;
 - :func:`plot_hbm_bytes`: HBM bytes of standard attention against
   FlashAttention (Dao et al. 2022, arXiv:2205.14135, section 3.2) over N;
-- :func:`plot_attention_roofline`: both paths placed on a GPU's roofline.
+- :func:`plot_attention_roofline`: both paths placed on a GPU's roofline, with
+  and without L2 reuse of K and V, beside measured rates.
 """
 
 from __future__ import annotations
@@ -128,7 +129,9 @@ def plot_hbm_bytes(head_dims: Sequence[int] = (64, 128), block_rows: int = 128, 
     """HBM bytes of one head's forward, standard vs FlashAttention, for N = 2^7 .. 2^max_log2_seq (log-log).
 
     Counts from :func:`utils.attention.flash_reference.attention_hbm_bytes`:
-    ``(4Nd + 4N^2) b`` against ``(2Nd + 2 ceil(N/B_r) N d) b + 4N``.
+    ``(4Nd + 4N^2) b`` against ``(2Nd + 2 ceil(N/B_r) N d) b + 4N`` (K and V
+    re-read from HBM per row tile) and ``4Nd b + 4N`` (re-reads hit L2); the
+    ratio panel is standard over the re-read count.
     """
     check_positive_int("block_rows", block_rows)
     check_positive_int("max_log2_seq", max_log2_seq)
@@ -140,7 +143,9 @@ def plot_hbm_bytes(head_dims: Sequence[int] = (64, 128), block_rows: int = 128, 
         counts = [attention_hbm_bytes(n, d, element_size, block_rows) for n in seqs]
         color = f"C{idx}"
         left.loglog(seqs, [s for s, _ in counts], "-", color=color, label=f"standard, d={d}")
-        left.loglog(seqs, [f for _, f in counts], "--", color=color, label=f"FlashAttention, d={d}")
+        left.loglog(seqs, [f for _, f in counts], "--", color=color, label=f"Flash, K/V re-read, d={d}")
+        left.loglog(seqs, [attention_hbm_bytes(n, d, element_size, block_rows, kv_reuse="l2")[1] for n in seqs],
+                    ":", color=color, label=f"Flash, re-reads hit L2, d={d}")
         right.semilogx(seqs, [s / f for s, f in counts], "o-", color=color, ms=3, label=f"d={d}")
     left.set_xlabel("sequence length N")
     left.set_ylabel("HBM bytes, one head, forward")
@@ -156,31 +161,51 @@ def plot_hbm_bytes(head_dims: Sequence[int] = (64, 128), block_rows: int = 128, 
 
 
 def plot_attention_roofline(seq_len: int = 4096, head_dim: int = 128, gpu: str = "H100-SXM",
-                            precision: str = "bf16", block_rows: int = 128) -> Figure:
-    """Standard and FlashAttention (one head's forward) placed on ``gpu``'s roofline.
+                            precision: str = "bf16", block_rows: int = 128,
+                            measured: dict[str, float] | None = None,
+                            exp_per_s: float | None = None, matmul_flops: float | None = None) -> Figure:
+    """Standard attention and FlashAttention (one head's forward) placed on ``gpu``'s HBM roofline.
 
-    Intensities from :func:`utils.gpu.roofline.attention_intensity`: FLOPs
-    ``4 N^2 d`` over the bytes each path moves (2-byte elements).
+    Intensities from :func:`utils.gpu.roofline.attention_intensity`, FLOPs
+    ``4 N^2 d`` over the HBM bytes of each model (2-byte elements): standard;
+    FlashAttention with K and V re-read from HBM per ``block_rows`` query rows
+    (the paper's count); and with the re-reads served by L2 (K and V once).
+    ``measured`` maps a label to a measured rate in TFLOP/s, drawn at the L2
+    model's intensity (where the recording places it); ``exp_per_s`` adds the
+    ceiling of a kernel whose exponentials never overlap its matmuls
+    (:func:`utils.gpu.roofline.attention_serial_exp_bound`), with matmuls at
+    ``matmul_flops`` (the chip's peak by default; a measured cuBLAS rate is the honest choice).
     """
+    check_positive_int("block_rows", block_rows)
     spec = hardware.spec(gpu)
     peak = spec.flops(precision)
     points = {"standard": roofline.attention_intensity(seq_len, head_dim, 2, fused=False),
-              f"FlashAttention (B_r={block_rows})": roofline.attention_intensity(seq_len, head_dim, 2, fused=True,
-                                                                                  block_rows=block_rows),
-              "FlashAttention, K and V read once": roofline.attention_intensity(seq_len, head_dim, 2, fused=True)}
-    xs = [2 ** (e / 4) for e in range(0, 4 * 13)]
-    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+              f"Flash, K/V re-read from HBM (B_r={block_rows})": roofline.attention_intensity(
+                  seq_len, head_dim, 2, fused=True, block_rows=block_rows),
+              "Flash, re-reads hit L2 (K/V once)": roofline.attention_intensity(
+                  seq_len, head_dim, 2, fused=True, block_rows=block_rows, kv_reuse="l2")}
+    xs = [2 ** (e / 4) for e in range(4 * 3, 4 * 14)]
+    fig, ax = plt.subplots(figsize=(9.0, 3.6))
     ax.loglog(xs, [hardware.attainable_flops(x, peak, spec.hbm_bandwidth) / 1e12 for x in xs], "k-", lw=1.5)
     ridge = roofline.ridge_point(gpu, precision)
     ax.axvline(ridge, color="0.6", ls=":", lw=1)
-    ax.text(ridge * 1.1, peak / 1e12 * 0.06, f"ridge {ridge:.0f} FLOP/B", fontsize=8, color="0.4")
+    ax.text(ridge * 1.1, peak / 1e12 * 0.03, f"ridge {ridge:.0f} FLOP/B", fontsize=8, color="0.4")
     for idx, (label, x) in enumerate(points.items()):
         y = hardware.attainable_flops(x, peak, spec.hbm_bandwidth) / 1e12
-        ax.plot([x], [y], "o", color=f"C{idx}", ms=7, label=f"{label}: {x:.0f} FLOP/B, at most {y:.0f} TFLOP/s")
+        style = dict(mfc="none", mew=2, ms=11) if idx == 0 else dict(ms=7)  # hollow: it may coincide with a tiled point
+        ax.plot([x], [y], "o", color=f"C{idx}", **style, label=f"{label}: {x:.0f} FLOP/B, at most {y:.0f} TFLOP/s")
+    if exp_per_s is not None:
+        serial = roofline.attention_serial_exp_bound(head_dim, matmul_flops or peak, exp_per_s) / 1e12
+        ax.axhline(serial, color="C3", ls="--", lw=1,
+                   label=f"exponentials not overlapped (d={head_dim}): {serial:.0f} TFLOP/s")
+    x_l2 = points["Flash, re-reads hit L2 (K/V once)"]
+    for idx, (label, rate) in enumerate((measured or {}).items()):
+        ax.plot([x_l2 * 1.15 ** (idx + 1)], [rate], marker="^vsDP*xh"[idx % 8], color=f"C{idx + 4}", ms=7,
+                ls="none", label=f"measured: {label}, {rate:.0f} TFLOP/s")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("arithmetic intensity (FLOPs per HBM byte)")
     ax.set_ylabel(f"attainable TFLOP/s ({precision})")
     ax.set_title(f"{gpu}: one head, N={seq_len}, d={head_dim}", fontsize=9)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=6.5, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return fig

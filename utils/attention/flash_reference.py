@@ -57,15 +57,20 @@ def online_softmax_steps(blocks: list[list[float]]) -> list[OnlineSoftmaxState]:
     return states
 
 
-def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> None:
-    """``ValueError`` unless q, k, v are ``(batch, heads, seq, head_dim)`` with matching sizes and dtype."""
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, gqa: bool = False) -> None:
+    """``ValueError`` unless q, k, v are ``(batch, heads, seq, head_dim)`` with matching sizes and dtype.
+
+    With ``gqa``, k and v may have fewer heads than q, a divisor of q's (grouped-query attention).
+    """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor (batch, heads, seq, head_dim), "
                              f"got {getattr(t, 'shape', type(t).__name__)}")
-    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+    heads_ok = q.shape[1] == k.shape[1] or (gqa and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0)
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or not heads_ok or q.shape[3] != k.shape[3]:
         raise ValueError(f"q, k, v shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; "
-                         "k and v must be equal and share batch, heads and head_dim with q")
+                         "k and v must be equal and share batch, heads and head_dim with q"
+                         + (" (or have a divisor of q's heads)" if gqa else ""))
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if causal and q.shape[2] != k.shape[2]:
@@ -167,8 +172,12 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     return TiledAttention.apply(q, k, v, causal, _scale(sm_scale, q.shape[-1]), block_q, block_k)
 
 
-def attention_hbm_bytes(seq_len: int, head_dim: int, element_size: int = 2, block_rows: int = 128
-                        ) -> tuple[float, float]:
+KV_REUSE = ("none", "l2")
+"""Where FlashAttention's re-reads of K and V are served: ``"none"`` from HBM every time, ``"l2"`` from the L2 cache."""
+
+
+def attention_hbm_bytes(seq_len: int, head_dim: int, element_size: int = 2, block_rows: int = 128,
+                        kv_reuse: str = "none") -> tuple[float, float]:
     """HBM bytes of one head's forward: (standard, FlashAttention), counted as in Dao et al. 2022, section 3.2.
 
     Standard attention (their Algorithm 0) reads Q and K (``2Nd``) and writes
@@ -180,11 +189,55 @@ def attention_hbm_bytes(seq_len: int, head_dim: int, element_size: int = 2, bloc
     fp32 log-sum-exps. That is ``Theta(N^2 d / B_r)``; since a tile must fit
     in SRAM of ``M`` elements, ``B_r`` is at most about ``M / 4d``, which gives
     the paper's ``Theta(N^2 d^2 / M)`` (Theorem 2).
+
+    ``kv_reuse`` says where the re-reads come from. ``"none"`` (the default,
+    the paper's count, one level of SRAM under HBM): every row tile's K/V reads
+    reach HBM. ``"l2"``: the row tiles of a head run at about the same time, so
+    after the first program has pulled a K/V tile into the L2 cache the others
+    find it there, and HBM sees K and V once: ``4Nd`` elements plus the
+    log-sum-exps. That holds while the K/V of the heads in flight fit in L2
+    (:func:`kv_working_set_bytes`); the re-reads then still cross the L2-to-SM
+    path (:func:`kv_l2_to_sm_bytes`).
     """
     n = check_positive_int("seq_len", seq_len)
     d = check_positive_int("head_dim", head_dim)
     b = check_positive_int("block_rows", block_rows)
-    row_tiles = math.ceil(n / b)
+    if kv_reuse not in KV_REUSE:
+        raise ValueError(f"kv_reuse must be one of {KV_REUSE}, got {kv_reuse!r}")
+    kv_passes = math.ceil(n / b) if kv_reuse == "none" else 1
     standard = (4 * n * d + 4 * n * n) * element_size
-    flash = (2 * n * d + 2 * row_tiles * n * d) * element_size + 4 * n
+    flash = (2 * n * d + 2 * kv_passes * n * d) * element_size + 4 * n
     return float(standard), float(flash)
+
+
+def kv_l2_to_sm_bytes(seq_len: int, head_dim: int, element_size: int = 2, block_rows: int = 128) -> float:
+    """Bytes of K and V that one head's row tiles load into their SMs: ``2 T_r N d`` elements.
+
+    The paper's count of re-reads, whatever level serves them: with L2 reuse
+    this is traffic between the L2 cache and the SMs, not HBM traffic. Its
+    intensity, ``4 N^2 d / (2 T_r N d b) = 2 B_r / b`` FLOPs per byte (``B_r``
+    in fp16), is what the tile height buys.
+    """
+    n = check_positive_int("seq_len", seq_len)
+    d = check_positive_int("head_dim", head_dim)
+    b = check_positive_int("block_rows", block_rows)
+    return float(2 * math.ceil(n / b) * n * d * element_size)
+
+
+def kv_working_set_bytes(seq_len: int, head_dim: int, programs_in_flight: int, element_size: int = 2,
+                         block_rows: int = 128) -> float:
+    """K and V bytes of every head that has a program running, with the grid walked row tile first.
+
+    The grid of FlashAttention-2 is ``(T_r, batch * heads)``, and a GPU starts
+    programs in that order, row tiles of one head first. ``programs_in_flight``
+    consecutive programs (SMs times programs per SM) touch at most
+    ``ceil((P - 1) / T_r) + 1`` heads, each with ``2 N d`` elements of K and V.
+    When this fits in the L2 cache, re-reads hit L2 and HBM sees K/V
+    once per head (``kv_reuse="l2"`` of :func:`attention_hbm_bytes`).
+    """
+    n = check_positive_int("seq_len", seq_len)
+    d = check_positive_int("head_dim", head_dim)
+    p = check_positive_int("programs_in_flight", programs_in_flight)
+    b = check_positive_int("block_rows", block_rows)
+    heads = math.ceil((p - 1) / math.ceil(n / b)) + 1
+    return float(heads * 2 * n * d * element_size)

@@ -128,7 +128,7 @@ def softmax_intensity(dtype_bytes: float, flops_per_element: float = SOFTMAX_FLO
 
 
 def attention_cost(seq_len: int, head_dim: int, dtype_bytes: float, fused: bool,
-                   block_rows: int | None = None) -> OpCost:
+                   block_rows: int | None = None, kv_reuse: str = "none") -> OpCost:
     """One head of attention ``O = softmax(Q K^T) V`` with Q, K, V, O of shape (seq_len x head_dim).
 
     FLOPs: ``4 S^2 d``, the two matmuls Q K^T and P V (the softmax's ~5 S^2 is
@@ -145,33 +145,46 @@ def attention_cost(seq_len: int, head_dim: int, dtype_bytes: float, fused: bool,
       (the outer loop of FlashAttention-2, Dao, arXiv:2307.08691, Algorithm 1),
       ``ceil(S / block_rows)`` times; with
       ``block_rows=None`` they are read once, the ideal ``4 S d b``.
+
+    ``kv_reuse="l2"`` counts what HBM sees when those re-reads hit the L2
+    cache (all row tiles of a head run at once and its K and V fit in L2,
+    :func:`utils.attention.flash_reference.kv_working_set_bytes`): K and V
+    once, ``4 S d b``, whatever ``block_rows``. That is what an H100 shows
+    (``benchmarks/results``: a kernel with 64-row tiles above the 64 FLOP/byte
+    roof the re-read count puts it under). The default ``"none"`` keeps the
+    paper's one-level count, an upper bound on HBM traffic.
     """
     _check_positive_ints(seq_len=seq_len, head_dim=head_dim)
     _check_dtype_bytes(dtype_bytes)
     if not isinstance(fused, bool):
         raise ValueError(f"fused must be True or False, got {fused!r}")
+    if kv_reuse not in ("none", "l2"):
+        raise ValueError(f"kv_reuse must be 'none' (re-reads from HBM) or 'l2' (re-reads hit L2), got {kv_reuse!r}")
     s, d = seq_len, head_dim
     flops = 4.0 * s * s * d
     if not fused:
-        if block_rows is not None:
-            raise ValueError("block_rows only applies to fused attention (fused=True)")
+        if block_rows is not None or kv_reuse != "none":
+            raise ValueError("block_rows and kv_reuse only apply to fused attention (fused=True)")
         return OpCost(flops, (4.0 * s * d + 4.0 * s * s) * dtype_bytes)
     kv_passes = 1
     if block_rows is not None:
         _check_positive_ints(block_rows=block_rows)
-        kv_passes = math.ceil(s / block_rows)
+        kv_passes = math.ceil(s / block_rows) if kv_reuse == "none" else 1
     return OpCost(flops, (2.0 * s * d + 2.0 * s * d * kv_passes) * dtype_bytes)
 
 
 def attention_intensity(seq_len: int, head_dim: int, dtype_bytes: float, fused: bool,
-                        block_rows: int | None = None) -> float:
+                        block_rows: int | None = None, kv_reuse: str = "none") -> float:
     """FLOPs per byte of one attention head (see :func:`attention_cost`).
 
     Standard: ``S d / ((S + d) b)``, which tends to ``d / b`` (64 for d = 128
     in bf16: memory-bound on every chip of :data:`utils.gpu.hardware.GPUS`).
-    Fused, ideal: ``S / b``, which grows with the sequence.
+    Fused, K/V re-read from HBM per ``B_r`` rows: about ``2 B_r / b``
+    (``B_r`` in fp16). Fused, ideal or ``kv_reuse="l2"``: ``S / b``, which grows
+    with the sequence (2048 at S = 4096 in fp16, the intensity ``benchmarks``
+    records for attention).
     """
-    return attention_cost(seq_len, head_dim, dtype_bytes, fused, block_rows).intensity
+    return attention_cost(seq_len, head_dim, dtype_bytes, fused, block_rows, kv_reuse).intensity
 
 
 # --- placing an intensity on a roofline --------------------------------------------------------------------

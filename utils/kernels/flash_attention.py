@@ -7,7 +7,11 @@ walks over ``BLOCK_N``-key tiles of K and V, keeping the running maximum
 ``m_i``, denominator ``l_i`` and unnormalised output ``acc`` in registers. It
 writes O and the log-sum-exp ``L`` per row. The exponentials use ``exp2`` with
 the scale folded into ``log2(e) * sm_scale``, as Triton's fused-attention
-tutorial does (``exp2`` is one instruction on NVIDIA GPUs).
+tutorial does (``exp2`` is one instruction on NVIDIA GPUs). A causal program
+splits its loop as that tutorial does: the key tiles wholly left of the
+diagonal need no mask, only the tiles that cross it are masked, and the grid
+starts with the last (heaviest) row tiles. Under grouped-query attention one
+program packs the row tiles of the query heads that share a K/V head.
 
 The backward (FlashAttention-2, Algorithm 2) is two kernels: one program per
 tile of keys accumulates ``dK`` and ``dV`` over all query tiles, one program
@@ -38,47 +42,87 @@ LOG2_E = 1.4426950408889634
 
 
 @triton.jit
-def _flash_forward_kernel(Q, K, V, O, LSE, sm_scale,
-                          s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_ob, s_oh, s_on,
-                          n_heads, n_q, n_k,
-                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
-    """Program (i, b*h) writes O and L for query rows ``i*BLOCK_M ..`` of head ``h`` of batch ``b``."""
-    start_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b, h = bh // n_heads, bh % n_heads
-    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, HEAD_DIM)
-    row_ok = rows < n_q
-    q = tl.load(Q + b * s_qb + h * s_qh + rows[:, None] * s_qn + dims[None, :], mask=row_ok[:, None], other=0.0)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e))
-    hi = n_k
-    if CAUSAL:
-        hi = tl.minimum((start_m + 1) * BLOCK_M, n_k)  # tiles right of the diagonal are all masked
-    for start_n in range(0, hi, BLOCK_N):
+def _attend_tiles(acc, l_i, m_i, q, K, V, k_base, v_base, s_kn, s_vn, rows, dims, n_k, qk_scale, lo, hi,
+                  BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    """The online softmax over key tiles ``lo .. hi``; with ``MASK`` each score is checked (tail and causal)."""
+    for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        col_ok = cols < n_k
-        k_t = tl.load(K + b * s_kb + h * s_kh + cols[None, :] * s_kn + dims[:, None], mask=col_ok[None, :], other=0.0)
+        if MASK:
+            col_ok = cols < n_k
+            k_t = tl.load(K + k_base + cols[None, :] * s_kn + dims[:, None], mask=col_ok[None, :], other=0.0)
+        else:
+            k_t = tl.load(K + k_base + cols[None, :] * s_kn + dims[:, None])
         s = tl.dot(q, k_t, input_precision=PRECISION) * qk_scale
-        keep = col_ok[None, :]
-        if CAUSAL:
-            keep = keep & (cols[None, :] <= rows[:, None])
-        s = tl.where(keep, s, float("-inf"))
+        if MASK:
+            keep = col_ok[None, :]
+            if CAUSAL:
+                keep = keep & (cols[None, :] <= rows[:, None])
+            s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.math.exp2(s - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + b * s_vb + h * s_vh + cols[:, None] * s_vn + dims[None, :], mask=col_ok[:, None], other=0.0)
+        if MASK:
+            v = tl.load(V + v_base + cols[:, None] * s_vn + dims[None, :], mask=col_ok[:, None], other=0.0)
+        else:
+            v = tl.load(V + v_base + cols[:, None] * s_vn + dims[None, :])
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _flash_forward_kernel(Q, K, V, O, LSE, sm_scale,
+                          s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_ob, s_oh, s_on,
+                          n_heads, n_kv_heads, n_q, n_k,
+                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          CAUSAL: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr, GROUP: tl.constexpr):
+    """Program (i, b*h_kv) writes O and L for query rows ``i*BLOCK_M ..`` of the GROUP query heads of K/V head h_kv.
+
+    ``GROUP`` query heads share one K/V head (GQA; 1 for multi-head attention): the program stacks their
+    ``BLOCK_M``-row tiles into one ``GROUP * BLOCK_M``-row tile, so each K/V tile is loaded once per group.
+    ``SPLIT`` (causal only): the key tiles wholly left of the diagonal run without any mask, then the
+    tiles that cross it with the mask, and the grid is walked last row tile first (heavy programs first).
+    Without it every visited tile is masked score by score, in grid order.
+    """
+    start_m = tl.program_id(0)
+    if CAUSAL and SPLIT:
+        start_m = tl.num_programs(0) - 1 - start_m  # the row tiles with the most keys start first
+    bh = tl.program_id(1)
+    b, h_kv = bh // n_kv_heads, bh % n_kv_heads
+    r = tl.arange(0, GROUP * BLOCK_M)
+    head = h_kv * GROUP + r // BLOCK_M  # the query head of each stacked row
+    rows = start_m * BLOCK_M + r % BLOCK_M
+    dims = tl.arange(0, HEAD_DIM)
+    row_ok = rows < n_q
+    q = tl.load(Q + b * s_qb + head[:, None] * s_qh + rows[:, None] * s_qn + dims[None, :], mask=row_ok[:, None],
+                other=0.0)
+    m_i = tl.full([GROUP * BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP * BLOCK_M], tl.float32)
+    acc = tl.zeros([GROUP * BLOCK_M, HEAD_DIM], tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e))
+    k_base = b * s_kb + h_kv * s_kh
+    v_base = b * s_vb + h_kv * s_vh
+    hi = n_k
+    if CAUSAL:
+        hi = tl.minimum((start_m + 1) * BLOCK_M, n_k)  # tiles right of the diagonal are all masked
+        if SPLIT:
+            diagonal = (start_m * BLOCK_M) // BLOCK_N * BLOCK_N  # key tiles before this one: every key <= every row
+            acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, K, V, k_base, v_base, s_kn, s_vn, rows, dims, n_k,
+                                          qk_scale, 0, diagonal, BLOCK_N, False, CAUSAL, PRECISION)
+            acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, K, V, k_base, v_base, s_kn, s_vn, rows, dims, n_k,
+                                          qk_scale, diagonal, hi, BLOCK_N, True, CAUSAL, PRECISION)
+        else:
+            acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, K, V, k_base, v_base, s_kn, s_vn, rows, dims, n_k,
+                                          qk_scale, 0, hi, BLOCK_N, True, CAUSAL, PRECISION)
+    else:
+        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, K, V, k_base, v_base, s_kn, s_vn, rows, dims, n_k,
+                                      qk_scale, 0, hi, BLOCK_N, True, CAUSAL, PRECISION)
     acc = acc / l_i[:, None]
-    tl.store(O + b * s_ob + h * s_oh + rows[:, None] * s_on + dims[None, :], acc.to(O.dtype.element_ty),
+    tl.store(O + b * s_ob + head[:, None] * s_oh + rows[:, None] * s_on + dims[None, :], acc.to(O.dtype.element_ty),
              mask=row_ok[:, None])
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # back to natural log: ln(2)
-    tl.store(LSE + bh * n_q + rows, lse, mask=row_ok)
+    tl.store(LSE + (b * n_heads + head) * n_q + rows, lse, mask=row_ok)
 
 
 @triton.jit
@@ -178,7 +222,11 @@ def _blocks(n_q: int, n_k: int, block_m: int | None, block_n: int | None) -> tup
 
 
 def _prepare(q, k, v, causal, sm_scale):
-    check_qkv(q, k, v, causal)
+    check_qkv(q, k, v, causal, gqa=True)
+    group = q.shape[1] // k.shape[1]
+    if group & (group - 1):
+        raise ValueError(f"q's heads over k's heads must be a power of two (the packed tile is a power of two), "
+                         f"got {q.shape[1]} / {k.shape[1]} = {group}; expand k and v with repeat_interleave first")
     check_tensors(q, k, v)
     if q.shape[-1] not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {q.shape[-1]}")
@@ -192,18 +240,21 @@ class FlashAttention(torch.autograd.Function):
     """Triton forward saving O and the log-sum-exp; Triton backward recomputing P tile by tile."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, sm_scale, block_m, block_n):
+    def forward(ctx, q, k, v, causal, sm_scale, block_m, block_n, split_diagonal=True):
         q, k, v, scale, precision = _prepare(q, k, v, causal, sm_scale)
         batch, heads, n_q, d = q.shape
-        n_k = k.shape[2]
+        kv_heads, n_k = k.shape[1], k.shape[2]
+        group = heads // kv_heads
         bm, bn = _blocks(n_q, n_k, block_m, block_n)
+        if block_m is None and group > 1:
+            bm = max(16, bm // group)  # keep the stacked tile, group * bm rows, near the default's size
         out = torch.empty_like(q)
         lse = torch.empty((batch * heads, n_q), dtype=torch.float32, device=q.device)
-        grid = (triton.cdiv(n_q, bm), batch * heads)
+        grid = (triton.cdiv(n_q, bm), batch * kv_heads)
         _flash_forward_kernel[grid](q, k, v, out, lse, scale,
                                     *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-                                    heads, n_q, n_k, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
-                                    PRECISION=precision)
+                                    heads, kv_heads, n_q, n_k, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
+                                    PRECISION=precision, SPLIT=bool(split_diagonal), GROUP=group)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (causal, scale, bm, bn, precision)
         return out
@@ -213,7 +264,10 @@ class FlashAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         causal, scale, bm, bn, precision = ctx.args
         batch, heads, n_q, d = q.shape
-        n_k = k.shape[2]
+        kv_heads, n_k = k.shape[1], k.shape[2]
+        group = heads // kv_heads
+        if group > 1:  # GQA: the backward runs per query head on expanded K/V, then sums each group's dK, dV
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         d_out = d_out.contiguous() if d_out.stride() != q.stride() else d_out
         if k.stride() != v.stride():
             v = v.contiguous()
@@ -226,20 +280,34 @@ class FlashAttention(torch.autograd.Function):
             q, k, v, d_out, lse, delta, dk, dv, scale, *strides, **meta)
         _flash_backward_dq_kernel[(triton.cdiv(n_q, bm), batch * heads)](
             q, k, v, d_out, lse, delta, dq, scale, *strides, **meta)
-        return dq, dk, dv, None, None, None, None
+        if group > 1:
+            dk, dv = (t.view(batch, kv_heads, group, n_k, d).sum(2) for t in (dk, dv))
+        return dq, dk, dv, None, None, None, None, None
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    sm_scale: float | None = None, block_m: int | None = None, block_n: int | None = None
-                    ) -> torch.Tensor:
+                    sm_scale: float | None = None, block_m: int | None = None, block_n: int | None = None,
+                    split_diagonal: bool = True) -> torch.Tensor:
     """``softmax(Q K^T * sm_scale) V`` by the Triton kernels, differentiable.
 
     ``q`` is ``(batch, heads, n_q, head_dim)``, ``k`` and ``v`` are
-    ``(batch, heads, n_k, head_dim)``, all of one dtype on
+    ``(batch, kv_heads, n_k, head_dim)``, all of one dtype on
     :func:`utils.device.device`; ``head_dim`` is one of :data:`HEAD_DIMS`;
     sequence lengths need not be multiples of the tiles. ``causal`` masks key
     ``j > i`` for query ``i`` and needs ``n_q == n_k``. ``sm_scale`` defaults to
-    ``1 / sqrt(head_dim)``. ``block_m`` and ``block_n`` are the query and key
+    ``1 / sqrt(head_dim)``. ``kv_heads`` is ``heads`` (multi-head attention) or
+    ``heads / g`` for grouped-query attention with ``g`` a power of two: query
+    head ``h`` reads K/V head ``h // g``, and one program packs the same row
+    tile of a group's ``g`` heads, so each K/V tile is loaded once per group
+    (:func:`utils.attention.flash_schedule.gqa_kv_tile_loads`); ``block_m`` is
+    then per head (``64 / g`` by default). ``block_m`` and ``block_n`` are the query and key
     tile sides (powers of two >= 16; 64, or less for short sequences, by default).
+    ``split_diagonal`` (causal only): run the key tiles left of the diagonal
+    without a mask and only the diagonal tiles masked, heavy row tiles first,
+    as Triton's fused-attention tutorial does; ``False`` masks every visited
+    tile (the same result; :func:`utils.attention.flash_schedule.causal_tile_counts`
+    counts what the split saves).
     """
-    return FlashAttention.apply(q, k, v, causal, sm_scale, block_m, block_n)
+    if not isinstance(split_diagonal, bool):
+        raise ValueError(f"split_diagonal must be True or False, got {split_diagonal!r}")
+    return FlashAttention.apply(q, k, v, causal, sm_scale, block_m, block_n, split_diagonal)
