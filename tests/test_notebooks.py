@@ -192,3 +192,20 @@ def test_stored_outputs_have_no_progress_bar_frames(path):
                 text = "".join(output["text"])
                 assert "\r" not in text and "it/s]" not in text, (
                     f"{path.name} cell {index}: a progress bar's frames in a stored output: {text[:80]!r}")
+
+
+_TRITON_LAUNCH = re.compile(r"utils\.kernels|_kernel\[|\bmy_\w+\(|_triton\(")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_gpu_cells_that_launch_triton_check_for_triton(path):
+    """A cell that runs Triton kernels on CUDA tensors is guarded by device.TRITON_ON_GPU (or require_triton).
+
+    device.HAS_CUDA alone is not enough: Windows with an NVIDIA GPU has CUDA but no Triton wheel.
+    """
+    nb = json.loads(path.read_text())
+    for index, cell in enumerate(nb["cells"]):
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and 'device="cuda"' in source and _TRITON_LAUNCH.search(source):
+            assert "TRITON_ON_GPU" in source or "require_triton" in source, (
+                f"{path.name} cell {index}: launches Triton on CUDA tensors; guard it with device.TRITON_ON_GPU")

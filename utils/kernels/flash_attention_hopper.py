@@ -16,8 +16,9 @@ fused-attention tutorial (triton-lang/triton, ``python/tutorials/06-fused-attent
 2. **No masks where none are needed.** A non-causal tile needs no mask at all
    (the sequence is a multiple of the tile). A causal program walks the tiles
    left of its diagonal block without a mask, then the one diagonal block with
-   it; tiles right of the diagonal are never loaded. The portable kernel
-   instead masks every tile, which costs a compare and a select per score.
+   it; tiles right of the diagonal are never loaded. (The portable kernel,
+   :mod:`utils.kernels.flash_attention`, splits its causal loop the same way;
+   a mask on every tile costs a compare and a select per score.)
 3. **Scale folded into the exponent.** Scores stay unscaled until the row
    maximum is taken; ``exp2(s * log2(e) * scale - m)`` is one fused
    multiply-add and one ``ex2`` per score, and ``acc = tl.dot(p, v, acc)``
