@@ -124,7 +124,7 @@ def bench_flash(sizes: Sizes, seq_len: int, gpu: GpuSpec | None, on_gpu: bool) -
     rows = [Result("flash_attention fwd", shape, "TFLOP/s", ours, "SDPA FLASH_ATTENTION", flash_backend, fraction,
                    target, verdict, intensity=intensity)]
     rows += [Result(name, shape, "TFLOP/s", value, "flash_attention", ours, frac, "reported only", "n/a",
-                    intensity=attention_intensity(n, d, q.element_size(), fused=False) if name.startswith("naive")
+                    intensity=attention_intensity(n, d, q.element_size(), fused=False) if _materialises(name)
                     else intensity)
              for name, (value, frac) in rates.items()]
     return rows
@@ -224,6 +224,11 @@ def bench_paged_decode(sizes: Sizes, gpu: GpuSpec | None, on_gpu: bool) -> Resul
              f"{str(dtype).split('.')[-1]}")
     return Result("paged attention decode", shape, "GB/s", value, "SDPA, contiguous cache", baseline, fraction,
                   "reported only", "n/a", intensity=flops / nbytes)
+
+
+def _materialises(name: str) -> bool:
+    """Whether the row's kernel writes S and P to memory (naive attention, SDPA's MATH backend): unfused intensity."""
+    return name.startswith("naive") or name == "SDPA MATH"
 
 
 def _bandwidth_result(kernel, shape, value, baseline_name, baseline, fraction, on_gpu, intensity) -> Result:
