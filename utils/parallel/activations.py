@@ -269,10 +269,11 @@ def plot_layer_breakdown(seq_len: int = 2048, micro_batch: int = 1, hidden: int 
 
 def plot_stage_calculator(seq_len: int = 2048, micro_batch: int = 1, hidden: int = 12288, n_heads: int = 96,
                           n_layers: int = 96, vocab: int = 51200, tp: int = 8, pp: int = 8,
-                          sequence_parallel: bool = True, recompute: str = "selective", n_chunks: int = 1,
+                          sequence_parallel: bool = True, recompute: str = "selective", n_chunks: int = 3,
                           gpu_memory_gb: float = 80.0):
     """The first pipeline stage's activation GB (layers, embedding dropout, output layer) against GPU memory.
 
+    The defaults are GPT-3 as Korthikanti et al. train it (Table 3 and section 6: b = 1, three model chunks).
     Left: one stacked bar for the chosen configuration. Right: total against the micro-batch size, for each
     recomputation kind; gradient accumulation moves along neither axis.
     """
