@@ -50,6 +50,12 @@ ring_allreduce_time``; nothing is re-exported here):
   bit counts, a value's bit fields, model-state bytes per parameter of a training recipe;
 - :mod:`utils.parallel.loss_scaling`: dynamic loss scaling with GradScaler's rules, and a small
   model whose fp16 gradients underflow;
+- :mod:`utils.parallel.fp8_scaling`: FP8 casts with one scale per block (per tensor, DeepSeek-V3's
+  1x128 activation tiles and 128x128 weight blocks) and what the round trip loses;
+- :mod:`utils.parallel.recompute_flops`: FLOPs per iteration with and without recomputation
+  (Korthikanti et al., appendix A), as printed and corrected;
+- :mod:`utils.parallel.logits_memory`: the bytes of fp32 logits, and a chunked cross-entropy that
+  never holds them all;
 - :mod:`utils.parallel.precision_plots`: bit layouts, format ranges, gradient histograms, loss
   and loss-scale curves;
 - :mod:`utils.parallel.transformer_costs`: parameters and matmul FLOPs of a decoder-only

@@ -32,24 +32,34 @@ from utils.validate import check_positive, check_positive_int
 
 _PAPER = "Korthikanti et al., 'Reducing Activation Recomputation in Large Transformer Models', arXiv:2205.05198"
 PAPER_MODELS: dict[str, dict[str, int]] = {
-    "22B": dict(n_heads=64, hidden=6144, n_layers=48, tp=8, pp=1),
-    "175B (GPT-3)": dict(n_heads=96, hidden=12288, n_layers=96, tp=8, pp=8),
-    "530B (MT-NLG)": dict(n_heads=128, hidden=20480, n_layers=105, tp=8, pp=35),
-    "1T": dict(n_heads=160, hidden=25600, n_layers=128, tp=8, pp=64),
+    "22B": dict(n_heads=64, hidden=6144, n_layers=48, tp=8, pp=1, n_gpus=8, global_batch=4, micro_batch=4,
+                n_chunks=1),
+    "175B (GPT-3)": dict(n_heads=96, hidden=12288, n_layers=96, tp=8, pp=8, n_gpus=64, global_batch=64,
+                         micro_batch=1, n_chunks=3),
+    "530B (MT-NLG)": dict(n_heads=128, hidden=20480, n_layers=105, tp=8, pp=35, n_gpus=280, global_batch=280,
+                          micro_batch=1, n_chunks=3),
+    "1T": dict(n_heads=160, hidden=25600, n_layers=128, tp=8, pp=64, n_gpus=512, global_batch=512, micro_batch=1,
+               n_chunks=1),
 }
-"""The four models of the paper's Table 3 (sequence length 2048, vocabulary 51200 for all)."""
+"""The four models of the paper's Table 3 as printed (sequence length 2048, vocabulary 51200 for all): heads,
+hidden size, layers, tensor- and pipeline-parallel sizes, GPUs, global and micro-batch size. ``n_chunks`` is
+section 6's schedule: the 175B and 530B models use the interleaved schedule with three model chunks per GPU,
+the others plain 1F1B (1). Note the 22B model's micro-batch of 4."""
 PAPER_SEQ_LEN, PAPER_VOCAB = 2048, 51200
 
 PUBLISHED = {
     "GPT-3 5as/h": Published(80, "5as/h for a = 96, s = 2048, h = 12288", _PAPER + ", section 4.1"),
     "selective saves, GPT-3": Published(0.70, "fraction of activation memory", _PAPER + ", section 5"),
     "selective saves, MT-NLG": Published(0.65, "fraction of activation memory", _PAPER + ", section 5"),
-    "selective FLOPs overhead, GPT-3": Published(0.027, "recompute FLOPs overhead", _PAPER + ", section 5"),
-    "selective FLOPs overhead, MT-NLG": Published(0.016, "recompute FLOPs overhead", _PAPER + ", section 5"),
+    "selective FLOPs overhead, GPT-3": Published(0.027, "recompute FLOPs per iteration, relative to model FLOPs",
+                                                 _PAPER + ", section 5 (from appendix A, eqs. 7 and 8)"),
+    "selective FLOPs overhead, MT-NLG": Published(0.016, "recompute FLOPs per iteration, relative to model FLOPs",
+                                                  _PAPER + ", section 5 (from appendix A, eqs. 7 and 8)"),
     "activation memory reduction": Published(5, "times (sequence parallel + selective vs tensor parallel)",
                                              _PAPER + ", abstract"),
 }
-"""Figures the paper states in its text; the chapter recomputes each one."""
+"""Figures the paper states in its text; the chapter recomputes each one. The two FLOPs overheads follow from
+its eq. 8, which counts the recomputation 3x too high: :mod:`utils.parallel.recompute_flops` has both counts."""
 
 KINDS = ("replicated", "sharded", "attention-core")
 """How a stored tensor behaves under parallelism (Korthikanti section 4.2 and 5):
@@ -259,10 +269,11 @@ def plot_layer_breakdown(seq_len: int = 2048, micro_batch: int = 1, hidden: int 
 
 def plot_stage_calculator(seq_len: int = 2048, micro_batch: int = 1, hidden: int = 12288, n_heads: int = 96,
                           n_layers: int = 96, vocab: int = 51200, tp: int = 8, pp: int = 8,
-                          sequence_parallel: bool = True, recompute: str = "selective", n_chunks: int = 1,
+                          sequence_parallel: bool = True, recompute: str = "selective", n_chunks: int = 3,
                           gpu_memory_gb: float = 80.0):
     """The first pipeline stage's activation GB (layers, embedding dropout, output layer) against GPU memory.
 
+    The defaults are GPT-3 as Korthikanti et al. train it (Table 3 and section 6: b = 1, three model chunks).
     Left: one stacked bar for the chosen configuration. Right: total against the micro-batch size, for each
     recomputation kind; gradient accumulation moves along neither axis.
     """

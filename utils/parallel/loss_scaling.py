@@ -12,6 +12,21 @@ is skipped and ``S`` is multiplied by ``backoff_factor``; after
 rule for rule, with its defaults (init 2^16, growth 2, backoff 0.5,
 interval 2000; ``torch/amp/grad_scaler.py``), and the tests check it makes
 the same decisions step by step.
+
+Micikevicius et al. section 3.2 choose a *constant* scale (empirically, or
+from gradient statistics) and suggest skipping the update when an overflow is
+detected; the schedule that grows and backs off is NVIDIA's: Apex's
+``DynamicLossScaler`` (``apex/fp16_utils/loss_scaler.py``: start at 2^32,
+halve and skip on overflow, double after 1000 clean steps), then PyTorch's
+``GradScaler``.
+
+With model parallelism each rank holds a different shard of the parameters
+and sees only its own gradients. :func:`found_inf_on_any_rank` all-reduces
+the verdict with MAX, as Megatron-LM's mixed-precision optimizer does over the
+model-parallel group (``_unscale_main_grads_and_check_for_nan`` in
+``megatron/core/optimizer/optimizer.py``) and PyTorch's ``ShardedGradScaler``
+over its process group, so that every rank skips the same steps and keeps the
+same scale.
 """
 
 from __future__ import annotations
@@ -19,6 +34,7 @@ from __future__ import annotations
 from typing import Iterable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from utils.validate import check_positive, check_positive_int
@@ -86,6 +102,25 @@ class DynamicLossScaler:
             if grown <= torch.finfo(torch.float32).max:
                 self.scale = grown
             self.good_steps = 0
+
+
+def found_inf_on_any_rank(found_inf: bool, group: dist.ProcessGroup | None = None,
+                          device: torch.device | str = "cpu") -> bool:
+    """True on every rank of ``group`` if any rank found an inf or NaN: an all-reduce with MAX of a 0/1 flag.
+
+    Call it between ``unscale_`` and the decision to step, with the group of
+    ranks that hold different shards of one model (tensor and pipeline
+    parallelism); data-parallel replicas already agree, since their gradients
+    are averaged before the check. ``device`` is where the flag lives: the CPU
+    for gloo, the rank's GPU for NCCL.
+    """
+    if not isinstance(found_inf, bool):
+        raise ValueError(f"found_inf must be True or False, got {found_inf!r}")
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("found_inf_on_any_rank needs an initialised torch.distributed process group")
+    flag = torch.tensor([1.0 if found_inf else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    return bool(flag.item() > 0)
 
 
 # The lab's task: a deep, narrow tanh MLP (PyTorch's default init) regressing a teacher of the same shape.
