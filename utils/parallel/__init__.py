@@ -73,16 +73,17 @@ Used by the chapters of ``chapters/02-parallelism/``: 01 why many GPUs
 (training, memory), 02 collectives (network, bandwidth), 03 DP and DDP
 (data_parallel, network, bandwidth, overlap), 04 ZeRO and FSDP (memory,
 data_parallel, fsdp_schedule, fsdp_costs, overlap), 05 GPU networking (topology, wiring, bandwidth, network), 06
-tensor parallelism (tensor_parallel, sequence_parallel, memory, network), 07
-pipeline parallelism (pipeline, pipeline_plots), 08 activation memory
-(activations, memory), 09 mixed precision (precision,
-loss_scaling, precision_plots, memory), 10 planning a training run
-(planner, transformer_costs, published_runs, planner_plots, memory, network);
+tensor parallelism (tensor_parallel, sequence_parallel, saved_activations, paper_layer,
+vocab_parallel, head_sharding, dropout_rng, memory, network), 07 pipeline parallelism
+(pipeline, zero_bubble, pipeline_plots), 08 activation memory (activations,
+recompute_flops, logits_memory, memory), 09 mixed precision (precision, loss_scaling,
+fp8_scaling, precision_plots, memory), 10 planning a training run (planner, stage_memory,
+transformer_costs, published_runs, planner_plots, memory, network);
 by the labs of ``labs/02-parallelism/``: 01 ring all-reduce (collectives,
 network), 02 DDP from scratch (data_parallel, harness, network), 03 ZeRO and
 FSDP (data_parallel, zero, harness, memory), 04 tensor-parallel MLP
-(tensor_parallel), 05 pipeline schedules (pipeline, pipeline_exec,
-pipeline_plots), 06 activation checkpointing (activations, memory), 07 loss
-scaling (loss_scaling, precision, precision_plots); and by the multi-process
+(tensor_parallel, sequence_parallel, vocab_parallel), 05 pipeline schedules (pipeline,
+pipeline_exec, pipeline_plots, zero_bubble), 06 activation checkpointing (activations,
+recompute_flops, memory), 07 loss scaling (loss_scaling, precision, precision_plots); and by the multi-process
 benchmarks in ``benchmarks/``.
 """
