@@ -237,7 +237,7 @@ def rlhf_step_time(algorithm: str, model: PolicyModel, n_prompts: int, group_siz
                    response_len: int, n_gpus: int = 8, tp: int = 1, gpu: str = "H100-SXM", mfu: float = 0.4,
                    reference: bool = True, reward_model: bool = True, epochs: int = 1, old_log_probs: bool = True,
                    weight_sync: bool = True, micro_batch_size: int = 4, mean_response_len: int | None = None,
-                   bandwidth_bytes_per_s: float | None = None) -> StepTime:
+                   bandwidth_bytes_per_s: float | None = None, generate: bool = True) -> StepTime:
     """Seconds of one step of ``algorithm`` for ``n_prompts`` prompts on ``n_gpus`` colocated GPUs (module docstring).
 
     PPO and GRPO generate ``group_size`` responses per prompt (PPO usually 1),
@@ -253,6 +253,7 @@ def rlhf_step_time(algorithm: str, model: PolicyModel, n_prompts: int, group_siz
     at ``bandwidth_bytes_per_s`` (default :func:`link_bandwidth`). DPO generates
     nothing: each prompt comes with a chosen and a rejected response
     (``group_size`` must be 2), reference log-probabilities precomputed.
+    ``generate=False`` leaves generation (and ``tp``) to a separate rollout engine: 0 s here.
     """
     _check_algorithm(algorithm)
     for name, value in (("n_prompts", n_prompts), ("group_size", group_size), ("prompt_len", prompt_len),
@@ -260,7 +261,7 @@ def rlhf_step_time(algorithm: str, model: PolicyModel, n_prompts: int, group_siz
         check_positive_int(name, value)
     _check_parallel(n_gpus, tp)
     for name, flag in (("reference", reference), ("reward_model", reward_model), ("old_log_probs", old_log_probs),
-                       ("weight_sync", weight_sync)):
+                       ("weight_sync", weight_sync), ("generate", generate)):
         _check_flag(name, flag)
     if algorithm == "dpo" and group_size != 2:
         raise ValueError(f"DPO compares a chosen and a rejected response: group_size must be 2, got {group_size}")
@@ -289,7 +290,8 @@ def rlhf_step_time(algorithm: str, model: PolicyModel, n_prompts: int, group_siz
     if algorithm == "dpo":
         return StepTime(0.0, 0.0, epochs * TRAINING_FLOPS_PER_PARAM_PER_TOKEN * n * tokens / cluster_flops,
                         communication=epochs * exposed_training)
-    generation = generation_seconds(model, sequences, prompt_len, response_len, n_gpus, tp, gpu, mfu)
+    generation = generation_seconds(model, sequences, prompt_len, response_len, n_gpus, tp, gpu,
+                                    mfu) if generate else 0.0
     scorers = int(reference) + int(reward_model) + int(algorithm == "ppo")
     forward = FORWARD_FLOPS_PER_PARAM_PER_TOKEN * n * tokens / cluster_flops
     trained = 2 if algorithm == "ppo" else 1

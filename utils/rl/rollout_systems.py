@@ -150,7 +150,7 @@ def step_timeline(placement: str, algorithm: str, model: PolicyModel, n_prompts:
     gen = generation_seconds(model, n_prompts * group_size, prompt_len, response_len, n_rollout, tp,
                              step_kwargs.get("gpu", "H100-SXM"), step_kwargs.get("mfu", 0.4))
     t = rlhf_step_time(algorithm, model, n_prompts, group_size, prompt_len, response_len, n_train, 1,
-                       **{**step_kwargs, "weight_sync": False})
+                       **{**step_kwargs, "weight_sync": False, "generate": False})
     score, train = t.old_log_probs + t.scoring, t.training + t.communication
     sync = weight_sync_seconds(model.n_params, n_gpus, tp, NIC_BANDWIDTH, colocated=False)
     roll, trainer = f"rollout ({n_rollout} GPUs)", f"trainer ({n_train} GPUs)"
