@@ -41,7 +41,8 @@ def test_sleep_mode_splits_the_peak_into_two_phases():
 def test_70b_ppo_needs_more_gpus_once_the_generator_is_counted():
     budget = 0.7 * 80e9
     def fits(n, **kw):
-        return max(sum(p.values()) for p in placement_memory_bytes("ppo", M70, n, 4, 128, 1280, **kw).values()) <= budget
+        peaks = placement_memory_bytes("ppo", M70, n, 4, 128, 1280, **kw).values()
+        return max(sum(p.values()) for p in peaks) <= budget
     assert not fits(64) and fits(128)           # everything resident: 74 GB on 64 GPUs
     assert fits(64, sleep=True) and not fits(32, sleep=True)
 

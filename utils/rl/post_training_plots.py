@@ -1,4 +1,4 @@
-"""The figures of part 4's post-training chapters: the pipeline, LoRA's rank and memory, RLHF's memory, time and placement.
+"""The figures of part 4's post-training chapters: the pipeline, LoRA, RLHF's memory, time and placement.
 
 Pure functions of their parameters returning a Matplotlib figure (the book's
 widget pattern, :mod:`utils.viz`); the numbers come from :mod:`utils.rl.lora`
