@@ -73,6 +73,10 @@ def test_async_overlaps_generation_with_training():
     sync_s = 2 * M7.n_params / 50e9
     assert sync == pytest.approx(gen + rest + sync_s)           # each side waits for the other
     assert asyn == pytest.approx(max(gen, rest) + sync_s)       # one side hides the other
+    # and when generation is the longer side (2 rollout GPUs, 6 trainer GPUs), it sets the pace
+    gen2 = generation_seconds(M7, 128, 256, 1024, n_gpus=2)
+    two = steady_step_seconds(step_timeline("async", "grpo", M7, 16, 8, 256, 1024, n_rollout_gpus=2, n_steps=4))
+    assert two == pytest.approx(gen2 + sync_s)
     # staleness: every batch after the first is generated before the previous batch's update arrives
     segs = step_timeline("async", "grpo", M7, 16, 8, 256, 1024, **kw)
     gens = [s for s in segs if s.phase == "generation"]

@@ -178,8 +178,12 @@ def step_timeline(placement: str, algorithm: str, model: PolicyModel, n_prompts:
 
 
 def steady_step_seconds(segments: list[Segment]) -> float:
-    """Seconds between the ends of the last two steps' weight syncs (the steady-state step time); needs 2 steps."""
-    ends = sorted({s.end for s in segments if s.phase == "weight sync"})
-    if len(ends) < 2:
-        raise ValueError("the timeline needs at least two steps with a weight sync (n_steps >= 2)")
-    return ends[-1] - ends[-2]
+    """Seconds between the trainer's starts of the last two steps (the steady-state step time); needs 2 steps.
+
+    The trainer's start, not the end of a step's sync: after the last step no
+    generation is left to wait for, so the last sync comes early.
+    """
+    starts = sorted(s.start for s in segments if s.phase == "log-probs + scoring")
+    if len(starts) < 2:
+        raise ValueError("the timeline needs at least two steps (n_steps >= 2)")
+    return starts[-1] - starts[-2]
