@@ -13,6 +13,8 @@ section 3.5; Shao et al. 2024, DeepSeekMath, arXiv:2402.03300, section 4.1):
 
 Each is sharded by ZeRO (:func:`utils.parallel.memory.zero_model_state_breakdown`):
 at stage 3 a frozen model's weights are split over the ``n_gpus`` too.
+These are the trainer's states; the rollout engine's own, unsharded copy of
+the weights and its KV cache are counted in :mod:`utils.rl.rollout_systems`.
 
 **Time.** A PPO or GRPO step (1) *generates* ``G`` responses of ``R`` tokens to
 each of ``n_prompts`` prompts of ``P`` tokens: a prefill of the prompts, then
