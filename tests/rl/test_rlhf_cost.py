@@ -5,7 +5,8 @@ from utils.gpu.roofline import min_seconds
 from utils.parallel.memory import zero_model_state_breakdown, zero_model_state_bytes
 from utils.gpu.hardware import spec
 from utils.parallel.training import training_flops
-from utils.rl.rlhf_cost import (MODEL_NAMES, generation_seconds, policy_model, rlhf_memory_bytes, rlhf_step_time)
+from utils.rl.rlhf_cost import (MODEL_NAMES, generation_seconds, link_bandwidth, policy_model, rlhf_memory_bytes,
+                                rlhf_step_time, weight_sync_seconds)
 
 N7, N70 = 6.738e9, 68.98e9
 
@@ -87,5 +88,82 @@ def test_generation_share_falls_with_batch():
     lambda: rlhf_step_time("grpo", policy_model("LLaMA-2-7B"), 8, 4, 100, 10, mfu=1.5),
 ])
 def test_bad_input_raises(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+# --- epochs, the old-policy log-prob pass, ZeRO-3 communication and the weight sync (issue 23, item 1) ---
+
+def _ppo7(**kw):
+    return rlhf_step_time("ppo", policy_model("LLaMA-2-7B"), 16, 8, 256, 1024, **kw)
+
+
+def test_training_scales_with_epochs_and_the_log_prob_pass_is_one_forward():
+    one, four = _ppo7(epochs=1), _ppo7(epochs=4)
+    assert four.training == pytest.approx(4 * one.training)
+    assert four.generation == one.generation and four.scoring == one.scoring
+    # the old policy's log-probs: one 2N forward of the policy, a third of PPO's three scoring passes
+    assert one.old_log_probs == pytest.approx(one.scoring / 3)
+    assert _ppo7(old_log_probs=False).old_log_probs == 0
+    # training is 6N per token per trained model per epoch, from part 2's calculator
+    cluster = 8 * spec("H100-SXM").flops("bf16") * 0.4
+    assert four.training == pytest.approx(4 * 2 * training_flops(N7_EXACT, 128 * 1280) / cluster)
+
+
+N7_EXACT = param_count("LLaMA-2-7B")
+
+
+def test_ppo_share_halves_with_four_epochs_and_the_log_prob_pass():
+    """Issue 23: 49 % with one epoch and nothing else, 24 % with TRL's num_ppo_epochs=4 and the log-prob pass."""
+    bare = _ppo7(old_log_probs=False, weight_sync=False)
+    full = _ppo7(epochs=4)
+    assert round(100 * bare.generation_share) == 49
+    assert round(100 * full.generation_share) == 24
+    # derived by hand: shares are G / (G + 3F + 2T) and G / (G + 4F + 8T) with T = 3F, G the same
+    f = bare.scoring / 3
+    assert full.generation_share == pytest.approx(
+        bare.generation / (bare.generation + 4 * f + 8 * 3 * f + full.weight_sync + full.communication))
+
+
+def test_weight_sync_is_the_missing_slice_of_the_weights():
+    n = 1e9
+    # colocated: each GPU holds 2N/8 under ZeRO-3 and needs 2N/tp to decode
+    assert weight_sync_seconds(n, 8, 1, 1e9) == pytest.approx(2 * n * (1 - 1 / 8) / 1e9)
+    assert weight_sync_seconds(n, 8, 8, 1e9) == 0  # tp = n_gpus: the shards are already the slices (in this model)
+    # disaggregated: all 2N bytes from the trainer
+    assert weight_sync_seconds(n, 8, 2, 50e9, colocated=False) == pytest.approx(2 * n / 50e9)
+    assert link_bandwidth("H100-SXM", 8) == 450e9 and link_bandwidth("H100-SXM", 16) == 50e9
+
+
+def test_zero3_gathers_are_hidden_on_nvlink_but_exposed_on_small_micro_batches_across_nodes():
+    m = policy_model("LLaMA-2-7B")
+    assert _ppo7().communication == 0  # 4 x 1280 tokens per micro-batch hide a 7B gather at 450 GB/s
+    exposed = rlhf_step_time("grpo", m, 16, 8, 256, 1024, n_gpus=64, micro_batch_size=1)
+    assert exposed.communication > 0
+    # threshold: a forward's gather 2N (n-1)/n / BW against 2N T / (mfu peak): hidden iff T >= mfu peak (n-1)/n / BW
+    tokens_to_hide = 0.4 * spec("H100-SXM").flops("bf16") * (63 / 64) / 50e9
+    assert 4 * 1280 < tokens_to_hide < 8 * 1280
+    assert rlhf_step_time("grpo", m, 64, 8, 256, 1024, n_gpus=64, micro_batch_size=4).communication > 0
+    assert rlhf_step_time("grpo", m, 64, 8, 256, 1024, n_gpus=64, micro_batch_size=8).communication == 0
+
+
+def test_long_tail_lowers_the_trained_tokens_but_not_the_decode_steps():
+    m = policy_model("LLaMA-2-7B")
+    full = rlhf_step_time("grpo", m, 16, 8, 256, 1024)
+    tail = rlhf_step_time("grpo", m, 16, 8, 256, 1024, mean_response_len=384)
+    assert tail.generation == full.generation
+    assert tail.training == pytest.approx(full.training * (256 + 384) / (256 + 1024))
+    assert tail.generation_share > full.generation_share
+
+
+@pytest.mark.parametrize("call", [
+    lambda: _ppo7(epochs=0),
+    lambda: _ppo7(old_log_probs=1),
+    lambda: _ppo7(mean_response_len=2048),
+    lambda: _ppo7(bandwidth_bytes_per_s=0),
+    lambda: weight_sync_seconds(1e9, 8, 3, 1e9),
+    lambda: weight_sync_seconds(1e9, 8, 1, 1e9, colocated="yes"),
+])
+def test_new_bad_input_raises(call):
     with pytest.raises(ValueError):
         call()

@@ -1,8 +1,8 @@
-"""The figures of part 4's post-training chapters: the pipeline, LoRA's rank and memory, RLHF's memory and time.
+"""The figures of part 4's post-training chapters: the pipeline, LoRA, RLHF's memory, time and placement.
 
 Pure functions of their parameters returning a Matplotlib figure (the book's
 widget pattern, :mod:`utils.viz`); the numbers come from :mod:`utils.rl.lora`
-and :mod:`utils.rl.rlhf_cost`.
+and :mod:`utils.rl.rlhf_cost` and :mod:`utils.rl.rollout_systems`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from utils.gpu import hardware
 from utils.parallel.memory import ADAM_MIXED_PRECISION_OPTIMIZER_BYTES, FP16_GRAD_BYTES, FP16_PARAM_BYTES
 from utils.rl.lora import llama_linear_shapes, lora_param_count
 from utils.rl.rlhf_cost import policy_model, rlhf_memory_bytes, rlhf_step_time
+from utils.rl.rollout_systems import PLACEMENTS, placement_memory_bytes, steady_step_seconds, step_timeline
 
 _GB = 1e9
 
@@ -119,23 +120,28 @@ def plot_rlhf_memory(model: str = "LLaMA-2-7B", n_gpus: int = 8, stage: int = 3)
 
 
 def plot_step_time(model: str = "LLaMA-2-7B", group_size: int = 8, response_len: int = 1024, prompt_len: int = 256,
-                   n_gpus: int = 8, tp: int = 1, algorithm: str = "grpo") -> Figure:
-    """Seconds per prompt by phase (stacked) and generation's share of the step, against the prompts per step."""
+                   n_gpus: int = 8, tp: int = 1, algorithm: str = "grpo", epochs: int = 1) -> Figure:
+    """Seconds per prompt by phase (stacked) and generation's share of the step, against the prompts per step.
+
+    ``epochs`` passes of training per step (PPO epochs, GRPO's mu); old log-probs and weight sync included.
+    """
     m = policy_model(model)
     prompts = [1, 2, 4, 8, 16, 32, 64, 128]
-    steps = [rlhf_step_time(algorithm, m, p, group_size, prompt_len, response_len, n_gpus, tp) for p in prompts]
+    steps = [rlhf_step_time(algorithm, m, p, group_size, prompt_len, response_len, n_gpus, tp, epochs=epochs)
+             for p in prompts]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9.0, 3.6))
     x = np.arange(len(prompts))
     bottom = np.zeros(len(prompts))
-    for name, color in [("generation", "#e45756"), ("scoring", "#72b7b2"), ("training", "#4c78a8")]:
+    for name, color in [("generation", "#e45756"), ("old_log_probs", "#b279a2"), ("scoring", "#72b7b2"),
+                        ("training", "#4c78a8"), ("communication", "#9d755d"), ("weight_sync", "#bab0ac")]:
         values = np.array([getattr(s, name) / p for s, p in zip(steps, prompts)])
         ax.bar(x, values, bottom=bottom, color=color, label=name)
         bottom += values
     ax.set_xticks(x, [str(p) for p in prompts])
     ax.set_xlabel(f"prompts per step (x {group_size} samples each)")
-    ax.set_ylabel("seconds per prompt (lower bound)")
-    ax.legend(fontsize=8)
-    ax.set_title(f"{algorithm.upper()} step, {model}, {n_gpus} H100, tp={tp}", fontsize=9)
+    ax.set_ylabel("seconds per prompt (model)")
+    ax.legend(fontsize=7)
+    ax.set_title(f"{algorithm.upper()} step, {model}, {n_gpus} H100, tp={tp}, {epochs} epoch(s)", fontsize=9)
     ax2.plot(prompts, [100 * s.generation_share for s in steps], "o-", color="#e45756")
     ax2.set_xscale("log", base=2)
     ax2.set_ylim(0, 100)
@@ -143,5 +149,69 @@ def plot_step_time(model: str = "LLaMA-2-7B", group_size: int = 8, response_len:
     ax2.set_ylabel("generation's share of the step (%)")
     ax2.set_title(f"prompt {prompt_len}, response {response_len} tokens", fontsize=9)
     ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+_PHASE_COLORS = {"generation": "#e45756", "log-probs + scoring": "#72b7b2", "training": "#4c78a8",
+                 "weight sync": "#333333"}
+
+
+def plot_step_timeline(model: str = "LLaMA-2-7B", algorithm: str = "grpo", n_prompts: int = 16, group_size: int = 8,
+                       response_len: int = 1024, prompt_len: int = 256, n_gpus: int = 8, n_rollout_gpus: int = 4,
+                       tp: int = 1, epochs: int = 1, n_steps: int = 3) -> Figure:
+    """Gantt chart of ``n_steps`` RL steps under each placement (colocated, disaggregated, async), one row per lane.
+
+    Bars are :func:`utils.rl.rollout_systems.step_timeline` segments, labelled by step; each panel's title gives
+    its steady-state seconds per step.
+    """
+    m = policy_model(model)
+    fig, axes = plt.subplots(len(PLACEMENTS), 1, figsize=(9.0, 5.4), sharex=True)
+    for ax, placement in zip(axes, PLACEMENTS):
+        segs = step_timeline(placement, algorithm, m, n_prompts, group_size, prompt_len, response_len, n_gpus, tp,
+                             n_rollout_gpus=None if placement == "colocated" else n_rollout_gpus, n_steps=n_steps,
+                             epochs=epochs)
+        lanes = list(dict.fromkeys(s.lane for s in segs))
+        for s in segs:
+            y = lanes.index(s.lane)
+            ax.barh(y, s.end - s.start, left=s.start, height=0.6, color=_PHASE_COLORS[s.phase], edgecolor="white")
+            if s.phase != "weight sync" and s.end - s.start > 0.04 * max(x.end for x in segs):
+                ax.text((s.start + s.end) / 2, y, str(s.step), ha="center", va="center", color="white", fontsize=8)
+        ax.set_yticks(range(len(lanes)), lanes, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(f"{placement}: {steady_step_seconds(segs):.1f} s per step", fontsize=9)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=color) for color in _PHASE_COLORS.values()]
+    fig.legend(handles, list(_PHASE_COLORS), fontsize=8, ncol=4, loc="upper center")
+    axes[-1].set_xlabel(f"seconds ({algorithm.upper()}, {model}, {n_prompts} x {group_size} samples of "
+                        f"{response_len} tokens, {n_gpus} H100, {epochs} epoch(s); numbers are steps)")
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    return fig
+
+
+def plot_placement_memory(model: str = "LLaMA-2-70B", algorithm: str = "ppo", n_gpus: int = 64, tp: int = 4,
+                          sequences: int = 128, context: int = 1280, n_rollout_gpus: int = 16) -> Figure:
+    """GB per GPU, stacked by component, of each kind of GPU or phase under the three memory placements."""
+    m = policy_model(model)
+    cases = {"colocated": placement_memory_bytes(algorithm, m, n_gpus, tp, sequences, context),
+             "colocated + sleep": placement_memory_bytes(algorithm, m, n_gpus, tp, sequences, context, sleep=True),
+             "disaggregated": placement_memory_bytes(algorithm, m, n_gpus, tp, sequences, context, "disaggregated",
+                                                     n_rollout_gpus=n_rollout_gpus)}
+    bars = [(f"{case}\n{kind}", parts) for case, kinds in cases.items() for kind, parts in kinds.items()]
+    colors = {"policy": "#4c78a8", "value": "#e45756", "reference": "#72b7b2", "reward": "#eeca3b",
+              "generator weights": "#b279a2", "KV cache": "#ff9da6"}
+    fig, ax = plt.subplots(figsize=(9.0, 3.8))
+    bottoms = np.zeros(len(bars))
+    for key, color in colors.items():
+        values = np.array([parts.get(key, 0.0) for _, parts in bars]) / _GB
+        ax.bar(range(len(bars)), values, bottom=bottoms, color=color, label=key)
+        bottoms += values
+    for x, total in enumerate(bottoms):
+        ax.text(x, total, f"{total:.0f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(bars)), [label for label, _ in bars], fontsize=7)
+    ax.axhline(hardware.spec("H100-SXM").hbm_bytes / _GB, color="red", ls="--", lw=1, label="one H100 (80 GB)")
+    ax.set_ylabel("GB per GPU")
+    ax.set_title(f"{algorithm.upper()} on {model}, {n_gpus} GPUs, ZeRO-3, rollout tp={tp}, {sequences} sequences "
+                 f"of {context} tokens", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     return fig

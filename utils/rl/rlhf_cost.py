@@ -13,19 +13,45 @@ section 3.5; Shao et al. 2024, DeepSeekMath, arXiv:2402.03300, section 4.1):
 
 Each is sharded by ZeRO (:func:`utils.parallel.memory.zero_model_state_breakdown`):
 at stage 3 a frozen model's weights are split over the ``n_gpus`` too.
+These are the trainer's states; the rollout engine's own, unsharded copy of
+the weights and its KV cache are counted in :mod:`utils.rl.rollout_systems`.
 
 **Time.** A PPO or GRPO step (1) *generates* ``G`` responses of ``R`` tokens to
 each of ``n_prompts`` prompts of ``P`` tokens: a prefill of the prompts, then
 ``R`` decode steps of batch ``B = n_prompts x G``, each one read of the weights
 plus the KV caches (:func:`utils.attention.decode_cost.decode_step_cost`, at its
-roofline bound); (2) *scores* the ``B (P + R)`` tokens with forward passes of the
-reference, reward and value models (``2 N`` FLOPs per token each); (3) *trains*
-the policy (and the value model) on them, ``6 N`` FLOPs per token (Kaplan et al.
-2020, arXiv:2001.08361). Scoring, training and prefill run at ``mfu`` of the
-GPUs' peak. Generation is spread over ``n_gpus / tp`` replicas, each
-``tp``-way tensor parallel with ideal scaling. KV-cache memory limits, kernel
-launches and communication are left out, so the generation time is a lower
-bound: its true share of the step is larger still.
+roofline bound), spread over ``n_gpus / tp`` replicas with ideal TP scaling;
+(2) recomputes the *old policy's log-probabilities* of the samples with the
+trainer (``2 N`` FLOPs per token; PPO's ratio needs them, and TRL's GRPO
+computes them whenever ``num_iterations > 1`` or the vLLM importance-sampling
+correction is on); (3) *scores* the tokens with forward passes of the reference,
+reward and value models (``2 N`` each); (4) *trains* the policy (and PPO's value
+model) for ``epochs`` passes over the samples (TRL's ``PPOConfig.num_ppo_epochs``,
+default 4; GRPO's ``mu``, ``num_iterations``), ``6 N`` FLOPs per token per pass
+(Kaplan et al. 2020, arXiv:2001.08361); (5) pays the *exposed* ZeRO-3
+communication: each micro-batch all-gathers a model's weights for its forward
+(and again for its backward, plus a gradient reduce-scatter, when trained),
+:func:`utils.parallel.memory.zero_communication_volume`, of which only what
+exceeds the micro-batch's compute is charged (prefetch overlaps the rest);
+(6) *syncs* the new weights to the rollout engine: on the same GPUs, each GPU
+gathers the ``1 / tp`` slice it decodes from the ZeRO-3 shards
+(:func:`weight_sync_seconds`). Scoring, training and prefill run at ``mfu`` of
+the GPUs' peak.
+
+Which side each simplification favours (generation's share of the step):
+
+- decoding at its roofline bound, ideal TP, no kernel launches, no KV-cache
+  limit on the batch: generation looks faster, its share *smaller*;
+- every response as long as the longest (``mean_response_len`` lets the
+  trained tokens be fewer): decode steps are set by the longest response, so
+  this is right for generation, and with the mean it is right for training;
+- training at a fixed ``mfu`` with no padding, no gradient checkpointing
+  recompute and no optimizer-step time: training looks faster, the share *larger*;
+- all models of the policy's size unless told (InstructGPT used a 6B reward
+  and value model for its 175B policy): training and scoring look *slower*,
+  the share smaller.
+
+So the share is an estimate, not a bound either way.
 """
 
 from __future__ import annotations
@@ -37,7 +63,7 @@ from utils.attention.decode_cost import FFN_AND_VOCAB, decode_step_cost, param_c
 from utils.attention.kv_cache import MODELS, AttentionConfig
 from utils.gpu import hardware
 from utils.gpu.roofline import min_seconds
-from utils.parallel.memory import zero_model_state_breakdown
+from utils.parallel.memory import zero_communication_volume, zero_model_state_breakdown
 from utils.parallel.training import FORWARD_FLOPS_PER_PARAM_PER_TOKEN, TRAINING_FLOPS_PER_PARAM_PER_TOKEN
 from utils.validate import check_positive, check_positive_int
 
@@ -107,19 +133,59 @@ def rlhf_memory_bytes(algorithm: str, n_params: float, n_gpus: int = 1, stage: i
 
 @dataclass(frozen=True)
 class StepTime:
-    """Seconds of one RLHF step by phase (lower bounds); ``total`` and ``generation_share`` follow."""
+    """Seconds of one RLHF step by phase (module docstring); ``total`` and ``generation_share`` follow."""
 
     generation: float
     scoring: float
     training: float
+    old_log_probs: float = 0.0
+    communication: float = 0.0
+    weight_sync: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.generation + self.scoring + self.training
+        return (self.generation + self.scoring + self.training + self.old_log_probs + self.communication
+                + self.weight_sync)
 
     @property
     def generation_share(self) -> float:
         return self.generation / self.total
+
+
+NIC_BANDWIDTH = 50e9
+"""Bytes/s per GPU, one direction, between nodes: one 400 Gb/s NDR InfiniBand NIC per GPU (as
+:class:`utils.parallel.planner.Cluster`'s default)."""
+
+
+def link_bandwidth(gpu: str = "H100-SXM", n_gpus: int = 8, gpus_per_node: int = 8) -> float:
+    """Bytes/s per GPU, one direction, of the slowest link ``n_gpus`` GPUs use: NVLink in one node, else the NIC.
+
+    NVLink's datasheet figure counts both directions (900 GB/s on an H100), so one direction is half.
+    """
+    check_positive_int("n_gpus", n_gpus)
+    check_positive_int("gpus_per_node", gpus_per_node)
+    return hardware.spec(gpu).nvlink_bandwidth / 2 if n_gpus <= gpus_per_node else NIC_BANDWIDTH
+
+
+def weight_sync_seconds(n_params: float, n_gpus: int, tp: int, bandwidth_bytes_per_s: float,
+                        colocated: bool = True) -> float:
+    """Seconds to hand the trainer's new bf16 weights to the rollout engine.
+
+    Colocated (DeepSpeed-Chat's Hybrid Engine, verl's 3D-HybridEngine, TRL's
+    ``vllm_mode="colocate"``): each GPU holds ``2 Psi / n_gpus`` bytes under
+    ZeRO-3 and decodes with the ``2 Psi / tp`` slice of its TP group, so it
+    receives ``2 Psi (1 / tp - 1 / n_gpus)`` bytes, all GPUs at once.
+    Disaggregated (OpenRLHF's and TRL's NCCL broadcast to vLLM): the trainer
+    sends all ``2 Psi`` bytes from one rank, pipelined to every rollout GPU at
+    ``bandwidth_bytes_per_s``; ``n_gpus`` and ``tp`` do not matter.
+    """
+    check_positive("n_params", n_params)
+    _check_parallel(n_gpus, tp)
+    check_positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+    if not isinstance(colocated, bool):
+        raise ValueError(f"colocated must be True or False, got {colocated!r}")
+    nbytes = 2 * n_params * (1 / tp - 1 / n_gpus) if colocated else 2 * n_params
+    return nbytes / bandwidth_bytes_per_s
 
 
 def generation_seconds(model: PolicyModel, n_sequences: int, prompt_len: int, response_len: int,
@@ -163,35 +229,75 @@ def _check_parallel(n_gpus: int, tp: int) -> None:
         raise ValueError(f"n_gpus ({n_gpus}) must be a multiple of tp ({tp})")
 
 
+def _check_flag(name: str, flag: object) -> bool:
+    if not isinstance(flag, bool):
+        raise ValueError(f"{name} must be True or False, got {flag!r}")
+    return flag
+
+
 def rlhf_step_time(algorithm: str, model: PolicyModel, n_prompts: int, group_size: int, prompt_len: int,
                    response_len: int, n_gpus: int = 8, tp: int = 1, gpu: str = "H100-SXM", mfu: float = 0.4,
-                   reference: bool = True, reward_model: bool = True) -> StepTime:
-    """Lower bounds on the seconds of one step of ``algorithm`` for ``n_prompts`` prompts (module docstring).
+                   reference: bool = True, reward_model: bool = True, epochs: int = 1, old_log_probs: bool = True,
+                   weight_sync: bool = True, micro_batch_size: int = 4, mean_response_len: int | None = None,
+                   bandwidth_bytes_per_s: float | None = None, generate: bool = True) -> StepTime:
+    """Seconds of one step of ``algorithm`` for ``n_prompts`` prompts on ``n_gpus`` colocated GPUs (module docstring).
 
     PPO and GRPO generate ``group_size`` responses per prompt (PPO usually 1),
-    score them (reference if ``reference``, reward model of the policy's size if
-    ``reward_model`` (False: a rule-based reward), and for PPO the value model),
-    then train the policy (and PPO's value model). DPO generates nothing: each
-    prompt comes with a chosen and a rejected response of ``response_len``
-    tokens (``group_size`` must be 2), reference log-probabilities precomputed.
+    recompute the old log-probs if ``old_log_probs``, score them (reference if
+    ``reference``, reward model of the policy's size if ``reward_model`` (False:
+    a rule-based reward), and for PPO the value model), train the policy (and
+    PPO's value model) ``epochs`` times, and sync the weights if ``weight_sync``.
+    Every phase runs on all ``n_gpus``, one after the other (colocated placement;
+    :mod:`utils.rl.rollout_systems` times the others). Decoding runs
+    ``response_len`` steps (the longest response); the later phases see
+    ``mean_response_len`` tokens per response (default ``response_len``).
+    ZeRO-3 gathers run per micro-batch of ``micro_batch_size`` sequences per GPU
+    at ``bandwidth_bytes_per_s`` (default :func:`link_bandwidth`). DPO generates
+    nothing: each prompt comes with a chosen and a rejected response
+    (``group_size`` must be 2), reference log-probabilities precomputed.
+    ``generate=False`` leaves generation (and ``tp``) to a separate rollout engine: 0 s here.
     """
     _check_algorithm(algorithm)
     for name, value in (("n_prompts", n_prompts), ("group_size", group_size), ("prompt_len", prompt_len),
-                        ("response_len", response_len)):
+                        ("response_len", response_len), ("epochs", epochs), ("micro_batch_size", micro_batch_size)):
         check_positive_int(name, value)
     _check_parallel(n_gpus, tp)
+    for name, flag in (("reference", reference), ("reward_model", reward_model), ("old_log_probs", old_log_probs),
+                       ("weight_sync", weight_sync), ("generate", generate)):
+        _check_flag(name, flag)
     if algorithm == "dpo" and group_size != 2:
         raise ValueError(f"DPO compares a chosen and a rejected response: group_size must be 2, got {group_size}")
+    mean_len = response_len if mean_response_len is None else check_positive_int("mean_response_len",
+                                                                                  mean_response_len)
+    if mean_len > response_len:
+        raise ValueError(f"mean_response_len ({mean_len}) cannot exceed response_len, the longest ({response_len})")
     _check_mfu(mfu)
+    bandwidth = link_bandwidth(gpu, n_gpus) if bandwidth_bytes_per_s is None else check_positive(
+        "bandwidth_bytes_per_s", bandwidth_bytes_per_s)
     n = model.n_params
     sequences = n_prompts * group_size
-    tokens = float(sequences) * (prompt_len + response_len)
-    cluster_flops = hardware.spec(gpu).flops("bf16") * n_gpus * mfu
+    tokens = float(sequences) * (prompt_len + mean_len)
+    peak = hardware.spec(gpu).flops("bf16") * mfu
+    cluster_flops = peak * n_gpus
+    # ZeRO-3, per micro-batch of one GPU: gather time of one forward (a third of a training step's volume)
+    # against the compute it can hide behind
+    per_gpu = math.ceil(sequences / n_gpus)
+    micro = min(micro_batch_size, per_gpu)
+    micro_batches = math.ceil(per_gpu / micro)
+    gather = 2 * zero_communication_volume(n, 3, n_gpus) / 3 / bandwidth
+    micro_tokens = micro * (prompt_len + mean_len)
+    forward_compute = FORWARD_FLOPS_PER_PARAM_PER_TOKEN * n * micro_tokens / peak
+    exposed_forward = micro_batches * max(0.0, gather - forward_compute)
+    exposed_training = micro_batches * max(0.0, 3 * gather - 3 * forward_compute)
     if algorithm == "dpo":
-        return StepTime(0.0, 0.0, TRAINING_FLOPS_PER_PARAM_PER_TOKEN * n * tokens / cluster_flops)
-    generation = generation_seconds(model, sequences, prompt_len, response_len, n_gpus, tp, gpu, mfu)
+        return StepTime(0.0, 0.0, epochs * TRAINING_FLOPS_PER_PARAM_PER_TOKEN * n * tokens / cluster_flops,
+                        communication=epochs * exposed_training)
+    generation = generation_seconds(model, sequences, prompt_len, response_len, n_gpus, tp, gpu,
+                                    mfu) if generate else 0.0
     scorers = int(reference) + int(reward_model) + int(algorithm == "ppo")
-    scoring = scorers * FORWARD_FLOPS_PER_PARAM_PER_TOKEN * n * tokens / cluster_flops
+    forward = FORWARD_FLOPS_PER_PARAM_PER_TOKEN * n * tokens / cluster_flops
     trained = 2 if algorithm == "ppo" else 1
-    training = trained * TRAINING_FLOPS_PER_PARAM_PER_TOKEN * n * tokens / cluster_flops
-    return StepTime(generation, scoring, training)
+    training = epochs * trained * TRAINING_FLOPS_PER_PARAM_PER_TOKEN * n * tokens / cluster_flops
+    communication = (scorers + int(old_log_probs)) * exposed_forward + epochs * trained * exposed_training
+    sync = weight_sync_seconds(n, n_gpus, tp, bandwidth) if weight_sync else 0.0
+    return StepTime(generation, scorers * forward, training, forward if old_log_probs else 0.0, communication, sync)
