@@ -28,7 +28,10 @@ Modules:
   frozen reference, and the GRPO and DPO loops of the post-training labs;
 - :mod:`utils.rl.rlhf_cost`: the models an RLHF step holds in memory (PPO,
   GRPO, DPO; ZeRO-sharded) and a cost model of one step (generation at the
-  decode roofline, scoring, 6ND training);
+  decode roofline, old log-probs, scoring, epochs x 6ND training, exposed ZeRO-3
+  gathers, weight sync);
+- :mod:`utils.rl.rollout_systems`: the rollout engine's weights and KV cache under
+  colocated, sleep-mode and disaggregated placement, and one step's timeline under each;
 - :mod:`utils.rl.post_training_plots`: the figures of "From pretraining to SFT
   to RLHF" and "Post-training at scale".
 
