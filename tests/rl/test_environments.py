@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from utils.rl.environments import CLIFF_OPTIMAL_RETURN, CliffWalking, GridWorld
+from utils.rl.environments import CLIFF_OPTIMAL_RETURN, CliffWalking, RandomActionGridWorld
 from utils.rl.tabular import greedy_rollout
 from utils.rl.mdp import value_iteration
 
@@ -35,7 +35,7 @@ def test_cliff_walking_optimal_return_is_minus_13():
     assert greedy_rollout(env, q)[1] == CLIFF_OPTIMAL_RETURN.value
 
 
-@pytest.mark.parametrize("env", [CliffWalking(), GridWorld(3, 4, walls=((1, 1),), slip=0.0)])
+@pytest.mark.parametrize("env", [CliffWalking(), RandomActionGridWorld(3, 4, walls=((1, 1),), slip=0.0)])
 def test_deterministic_steps_match_P_and_R(env):
     P, R = env.transition_arrays()
     for s in range(env.n_states):
@@ -49,7 +49,7 @@ def test_deterministic_steps_match_P_and_R(env):
 
 def test_slippery_steps_sample_P_and_R():
     """Empirical next-state frequencies and mean rewards of step() agree with the arrays."""
-    env = GridWorld(3, 3, walls=((1, 1),), slip=0.4, seed=1)
+    env = RandomActionGridWorld(3, 3, walls=((1, 1),), slip=0.4, seed=1)
     P, R = env.transition_arrays()
     np.testing.assert_allclose(P.sum(-1), 1.0)
     n = 4000
@@ -72,11 +72,11 @@ def test_slippery_steps_sample_P_and_R():
 ])
 def test_bad_grids_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        GridWorld(**kwargs)
+        RandomActionGridWorld(**kwargs)
 
 
 def test_bad_action_raises():
-    env = GridWorld()
+    env = RandomActionGridWorld()
     env.reset()
     with pytest.raises(ValueError, match="action"):
         env.step(4)

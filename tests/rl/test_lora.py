@@ -96,6 +96,17 @@ def test_gpt3_figures_of_the_lora_paper():
     assert ratio == pytest.approx(PUBLISHED["gpt3_trainable_reduction"].value, rel=0.1)
 
 
+def test_gpt3_vram_of_section_4_2_is_our_lora_count_against_a_smaller_baseline():
+    """LoRA section 4.2: 1.2 TB -> 350 GB. The LoRA side is our count (175B fp16 weights, 2 bytes each);
+    the full fine-tuning side is about 6.9 bytes per parameter, not mixed-precision Adam's 16."""
+    n, n_lora = 175e9, lora_param_count([(12288, 12288)] * 2 * 96, rank=4)
+    assert finetune_state_bytes(n, n_lora) == pytest.approx(PUBLISHED["gpt3_lora_vram_bytes"].value, rel=0.01)
+    assert PUBLISHED["gpt3_full_vram_bytes"].value / n == pytest.approx(6.9, abs=0.05)
+    assert finetune_state_bytes(0, n) / n == 16
+    assert PUBLISHED["gpt3_full_vram_bytes"].value / PUBLISHED["gpt3_lora_vram_bytes"].value == pytest.approx(
+        PUBLISHED["gpt3_memory_reduction"].value, rel=0.15)
+
+
 def test_finetune_bytes_reuse_the_zero_calculator():
     n = param_count("LLaMA-2-7B")
     assert finetune_state_bytes(0, n) == zero_model_state_bytes(n, 1, 0)

@@ -102,3 +102,13 @@ def test_episodic_value_agrees_with_discounted_closed_form():
 def test_bad_input_raises(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_two_episodes_add_their_counts_without_a_transition_between_them():
+    """The source notes' two observed rows: S1 S1 S1 S2 S1 S2 S1 S2 S2 S3 and S3 S1 S3 S2 S3 S3."""
+    first, second = [0, 0, 0, 1, 0, 1, 0, 1, 1, 2], [2, 0, 2, 1, 2, 2]
+    expected = np.array([[2, 3, 1], [2, 1, 2], [1, 1, 1]]) / np.array([[6], [5], [3]])
+    np.testing.assert_allclose(estimate_transition_matrix([first, second], 3), expected)
+    # Joining them into one path would invent an S3 -> S3 step at the seam.
+    joined = estimate_transition_matrix(first + second, 3)
+    assert joined[2, 2] == 0.5 and expected[2, 2] == 1 / 3

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from utils.rl import bradley_terry_loss, dpo_loss, gae, grpo_advantages, ppo_clip_loss
+from utils.rl import bradley_terry_loss, dpo_loss, gae, grpo_advantages, kl_estimate, ppo_clip_loss
 
 
 def test_dpo_loss_is_the_papers_formula():
@@ -53,7 +53,61 @@ def test_gae_limits():
     torch.testing.assert_close(gae(r, v, gamma=0.9, lam=1.0), returns - v[:-1])
 
 
+def _softmax_pair(seed=0, n=6):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, generator=gen, dtype=torch.float64).requires_grad_()
+    logp_ref = torch.log_softmax(torch.randn(n, generator=gen, dtype=torch.float64), 0)
+    return logits, logp_ref
+
+
+def _kl(logp_a, logp_b):
+    """Exact KL(a || b) of two distributions over the same few outcomes."""
+    return (logp_a.exp() * (logp_a - logp_b)).sum()
+
+
+def _expected_gradient(logits, logp_ref, estimator, sampler_logp=None):
+    """E_{x ~ sampler}[grad_theta k(x)], by enumeration; the sampler defaults to pi_theta, held fixed."""
+    logp = torch.log_softmax(logits, 0)
+    weights = (logp if sampler_logp is None else sampler_logp).detach().exp()
+    (grad,) = torch.autograd.grad((weights * kl_estimate(logp, logp_ref, estimator)).sum(), logits)
+    return grad
+
+
+def test_k1_and_k3_values_are_unbiased_on_samples_from_pi_only():
+    """Schulman 2020: E_{x ~ pi}[k1] = E_{x ~ pi}[k3] = KL(pi || pi_ref), k2 is biased; k2, k3 >= 0."""
+    logits, logp_ref = _softmax_pair()
+    logp = torch.log_softmax(logits, 0).detach()
+    kl = _kl(logp, logp_ref)
+    for name in ("k1", "k3"):
+        torch.testing.assert_close((logp.exp() * kl_estimate(logp, logp_ref, name)).sum(), kl)
+    assert abs((logp.exp() * kl_estimate(logp, logp_ref, "k2")).sum() - kl) > 1e-3
+    assert (kl_estimate(logp, logp_ref, "k3") >= 0).all() and (kl_estimate(logp, logp_ref, "k1") < 0).any()
+    # On samples from another policy (GRPO's pi_old), the mean of k3 is not KL(pi || pi_ref).
+    logp_old = torch.log_softmax(logp + 0.5 * torch.randn(6, generator=torch.Generator().manual_seed(3),
+                                                            dtype=torch.float64), 0)
+    assert abs((logp_old.exp() * kl_estimate(logp, logp_ref, "k3")).sum() - kl) > 1e-3
+
+
+def test_k3_as_a_loss_has_the_gradient_of_the_forward_kl():
+    """E_{x ~ pi}[grad k3] = grad KL(pi_ref || pi), not grad KL(pi || pi_ref) (arXiv:2506.09477, 2510.01555).
+
+    By hand: grad k3 = (1 - pi_ref / pi) grad log pi, whose mean under pi is
+    -sum_x pi_ref(x) grad log pi(x) = grad KL(pi_ref || pi).
+    """
+    logits, logp_ref = _softmax_pair()
+    (forward,) = torch.autograd.grad(_kl(logp_ref, torch.log_softmax(logits, 0)), logits)
+    (reverse,) = torch.autograd.grad(_kl(torch.log_softmax(logits, 0), logp_ref), logits)
+    k3_grad = _expected_gradient(logits, logp_ref, "k3")
+    torch.testing.assert_close(k3_grad, forward)
+    assert (k3_grad - reverse).abs().max() > 1e-2
+    # k2 as a loss has the reverse KL's gradient on-policy; k1's expected gradient is zero.
+    torch.testing.assert_close(_expected_gradient(logits, logp_ref, "k2"), reverse)
+    torch.testing.assert_close(_expected_gradient(logits, logp_ref, "k1"), torch.zeros_like(logits))
+
+
 @pytest.mark.parametrize("call, match", [
+    (lambda: kl_estimate(torch.zeros(2), torch.zeros(2), "k4"), "estimator"),
+    (lambda: kl_estimate(torch.zeros(2), torch.zeros(3)), "same shape"),
     (lambda: dpo_loss(torch.zeros(2), torch.zeros(3), torch.zeros(2), torch.zeros(2)), "same shape"),
     (lambda: dpo_loss(torch.zeros(2), torch.zeros(2), torch.zeros(2), torch.zeros(2), beta=0), "beta"),
     (lambda: ppo_clip_loss(torch.zeros(2), torch.zeros(2), torch.zeros(2), clip=-1), "clip"),

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from utils.rl.environments import CliffWalking, GridWorld
+from utils.rl.environments import CliffWalking, RandomActionGridWorld
 from utils.rl.mdp import policy_evaluation, q_from_v, value_iteration
 from utils.rl.tabular import (epsilon_greedy, gradient_variance, greedy_rollout, q_learning, reinforce,
                               returns_to_go, sarsa, softmax_policy)
@@ -9,7 +9,7 @@ from utils.rl.tabular import (epsilon_greedy, gradient_variance, greedy_rollout,
 
 def test_q_learning_converges_to_q_star_on_a_tiny_mdp():
     """A 2 x 3 deterministic grid, gamma = 0.9: Q-learning's table approaches q* from value iteration."""
-    env = GridWorld(2, 3, step_reward=-1.0)
+    env = RandomActionGridWorld(2, 3, step_reward=-1.0)
     gamma = 0.9
     P, R = env.transition_arrays()
     V, _ = value_iteration(P, R, gamma)
@@ -53,7 +53,7 @@ def test_returns_to_go():
 def test_reinforce_gradient_is_unbiased_and_the_baseline_cuts_its_variance():
     """The mean estimate matches the finite-difference gradient of V_pi(start) (policy_evaluation), with or
     without the baseline b = V_pi; the baseline lowers the variance (Sutton & Barto, section 13.4)."""
-    env = GridWorld(2, 3, slip=0.2, seed=0)
+    env = RandomActionGridWorld(2, 3, slip=0.2, seed=0)
     gamma = 0.9
     P, R = env.transition_arrays()
     theta = np.random.default_rng(1).normal(size=(env.n_states, env.n_actions))
@@ -73,7 +73,7 @@ def test_reinforce_gradient_is_unbiased_and_the_baseline_cuts_its_variance():
 
 
 def test_reinforce_improves_the_return():
-    env = GridWorld(4, 4)
+    env = RandomActionGridWorld(4, 4)
     gamma = 0.95
     _, returns, _ = reinforce(env, episodes=300, lr=0.05, gamma=gamma, baseline=True, seed=0)
     optimal = -(1 - gamma ** 6) / (1 - gamma)
@@ -82,9 +82,9 @@ def test_reinforce_improves_the_return():
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: q_learning(GridWorld(), episodes=0), "episodes"),
-    (lambda: sarsa(GridWorld(), epsilon=1.5), "epsilon"),
-    (lambda: reinforce(GridWorld(), lr=0), "lr"),
+    (lambda: q_learning(RandomActionGridWorld(), episodes=0), "episodes"),
+    (lambda: sarsa(RandomActionGridWorld(), epsilon=1.5), "epsilon"),
+    (lambda: reinforce(RandomActionGridWorld(), lr=0), "lr"),
 ])
 def test_bad_input_raises(call, match):
     with pytest.raises(ValueError, match=match):

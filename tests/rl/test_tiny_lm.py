@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from utils.rl.tiny_lm import (END, PAD, PROMPT_LEN, SEQ_LEN, TinyLM, all_prompts, arithmetic_corpus, decode, encode,
+from utils.rl.tiny_lm import (END, PAD, PROMPT_LEN, SEQ_LEN, TinyLM, all_prompts, arithmetic_corpus,
+                              corpus_right_answer_share, decode, encode,
                               prompt_tokens, response_mask, sample, sequence_logprob, token_logprobs, train_lm)
 
 
@@ -66,3 +67,15 @@ def test_pretraining_learns_the_clean_answers():
     assert losses[-1] < 0.5 * losses[0]
     greedy, _ = sample(model, prompt_tokens(all_prompts()[:10]), temperature=0)
     assert sum(decode(r[PROMPT_LEN:]) == f"{a + b}." for r, (a, b) in zip(greedy, all_prompts()[:10])) >= 9
+
+
+def test_a_perfect_fit_of_the_corpus_samples_the_right_answer_0_505_of_the_time():
+    """Half right, plus the wrong answers that would be negative for a + b = 0 (two) and a + b = 1 (one, twice)."""
+    assert corpus_right_answer_share(0.5) == pytest.approx(0.505)
+    assert corpus_right_answer_share(0.0) == 1.0
+    corpus = arithmetic_corpus(20_000, noise=0.5, seed=0)
+    right = sum(decode(row).split("=")[1].rstrip("._") == str(int(decode(row)[0]) + int(decode(row)[2]))
+                for row in corpus.tolist())
+    assert right / len(corpus) == pytest.approx(0.505, abs=0.01)  # the lab's corpus: 0.506
+    with pytest.raises(ValueError, match="noise"):
+        corpus_right_answer_share(1.5)

@@ -5,7 +5,8 @@ Modules:
 - :mod:`utils.rl.mdp`: MRPs and MDPs as arrays, solved in closed form and by
   dynamic programming (policy evaluation, value iteration, policy iteration);
 - :mod:`utils.rl.objectives`: the Bradley-Terry reward-model loss, PPO's
-  clipped surrogate, GRPO's group-relative advantages, DPO, and GAE;
+  clipped surrogate, GRPO's group-relative advantages, DPO, GAE, and
+  Schulman's KL estimators k1, k2, k3;
 - :mod:`utils.rl.markov`: Markov chains and MRPs from data: the maximum-likelihood
   transition matrix, sampled returns (Monte Carlo), the iterates of Bellman
   evaluation, and values of episodic chains with gamma = 1;
@@ -15,7 +16,7 @@ Modules:
   terminal states and slip; iterative policy evaluation (also gamma = 1 on
   episodic tasks), value and policy iteration that keep their histories; its
   figures in :mod:`utils.rl.gridworld_plots`;
-- :mod:`utils.rl.environments`: GridWorld and CliffWalking (Sutton & Barto,
+- :mod:`utils.rl.environments`: RandomActionGridWorld and CliffWalking (Sutton & Barto,
   Example 6.6) with reset/step and their (P, R) arrays;
 - :mod:`utils.rl.tabular`: Q-learning, SARSA, epsilon-greedy, and REINFORCE
   (with a baseline) for tabular softmax policies;
@@ -40,7 +41,7 @@ The names part 4's pages and tests use are re-exported here
 """
 
 from utils.rl.mdp import mrp_value, policy_evaluation, policy_iteration, value_iteration
-from utils.rl.objectives import bradley_terry_loss, dpo_loss, gae, grpo_advantages, ppo_clip_loss
+from utils.rl.objectives import bradley_terry_loss, dpo_loss, gae, grpo_advantages, kl_estimate, ppo_clip_loss
 
-__all__ = ["bradley_terry_loss", "dpo_loss", "gae", "grpo_advantages", "mrp_value", "policy_evaluation",
+__all__ = ["bradley_terry_loss", "dpo_loss", "gae", "grpo_advantages", "kl_estimate", "mrp_value", "policy_evaluation",
            "policy_iteration", "ppo_clip_loss", "value_iteration"]

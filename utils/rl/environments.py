@@ -37,12 +37,14 @@ CLIFF_OPTIMAL_RETURN = Published(
 """The cliff's optimal return, as the book states it (the example draws the path)."""
 
 
-class GridWorld:
+class RandomActionGridWorld:
     """A ``rows x cols`` grid: each move costs ``step_reward``; entering ``goal`` ends the episode.
 
     Moves into a wall (the grid's edge or a cell of ``walls``) leave the agent
     in place. States are ``row * cols + col``. ``slip`` is the probability
-    that the action is replaced by a uniformly random one.
+    that the action is replaced by a uniformly random one of the four (which
+    may be the intended one). Not :class:`utils.rl.gridworld.GridWorld`, whose
+    ``slip`` slides the agent to a perpendicular direction instead.
     """
 
     def __init__(self, rows: int = 4, cols: int = 4, start: tuple[int, int] = (0, 0),
@@ -121,7 +123,7 @@ class GridWorld:
         return P, R
 
 
-class CliffWalking(GridWorld):
+class CliffWalking(RandomActionGridWorld):
     """Sutton & Barto (2018), Example 6.6: 4 x 12, -1 per move, -100 and back to the start for the cliff."""
 
     CLIFF_REWARD = -100.0
@@ -146,7 +148,7 @@ class CliffWalking(GridWorld):
         return P, R
 
 
-def render_path(env: GridWorld, states: list[int]) -> str:
+def render_path(env: RandomActionGridWorld, states: list[int]) -> str:
     """The grid as text: ``S`` start, ``G`` goal, ``C`` cliff, ``#`` wall, ``o`` a visited cell, ``.`` the rest."""
     visited = set(states)
     rows = []

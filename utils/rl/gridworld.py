@@ -8,7 +8,9 @@ cells are absorbing. :func:`gridworld_mdp` turns it into the ``(P, R)`` arrays o
   leaves the agent where it is (Sutton & Barto 2018, Example 4.1);
 - with probability ``1 - slip`` the agent moves as intended and with
   ``slip / 2`` to each side (perpendicular), the "noisy" gridworld of Russell &
-  Norvig, *AIMA*, section 17.1 (there ``slip = 0.2``);
+  Norvig, *AIMA*, section 17.1 (there ``slip = 0.2``); the learners' grid,
+  :class:`utils.rl.environments.RandomActionGridWorld`, slips differently
+  (its ``slip`` replaces the action by a uniformly random one);
 - ``R[s, a] = step_reward + sum_s' P[s, a, s'] bonus(s')``: every move from a
   non-terminal state costs ``step_reward`` and entering a cell pays its bonus;
 - a terminal state moves to itself with reward 0 whatever the action, so its

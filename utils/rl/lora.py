@@ -11,8 +11,11 @@ freezes ``W_0`` and learns ``Delta W = B A`` with ``B`` of shape ``(d_out, r)`` 
 starts exactly equal to the pretrained one. The paper initialises ``A`` from a
 Gaussian; its reference code (microsoft/LoRA, ``loralib``) and Hugging Face
 PEFT use PyTorch's Kaiming-uniform default for ``nn.Linear``, as we do here.
-The update is scaled by ``alpha / r`` so that changing ``r`` does not change
-how large the initial steps are. After training, ``W_0 + (alpha / r) B A`` is
+The update is scaled by ``alpha / r``; the paper sets ``alpha`` to the first
+``r`` it tries and does not tune it, saying this "helps to reduce the need to
+retune hyperparameters when we vary r" (section 4.1). Kalajdzievski
+(arXiv:2312.03732, rsLoRA) shows that ``alpha / r`` shrinks the gradients of
+high-rank adapters so that they learn slowly, and recommends ``alpha / sqrt(r)``. After training, ``W_0 + (alpha / r) B A`` is
 one ``d_out x d_in`` matrix again (:meth:`LoRALinear.merge`): no extra latency
 at inference.
 
@@ -37,6 +40,10 @@ PUBLISHED = {
     "gpt3_trainable_reduction": Published(10_000, "x fewer trainable parameters than full fine-tuning of GPT-3 175B "
                                           "with Adam", _LORA),
     "gpt3_memory_reduction": Published(3, "x less GPU memory than full fine-tuning of GPT-3 175B with Adam", _LORA),
+    "gpt3_full_vram_bytes": Published(1.2e12, "bytes of VRAM to fully fine-tune GPT-3 175B with Adam",
+                                      _LORA.replace("abstract", "section 4.2")),
+    "gpt3_lora_vram_bytes": Published(350e9, "bytes of VRAM to train LoRA on GPT-3 175B",
+                                      _LORA.replace("abstract", "section 4.2")),
 }
 """The LoRA paper's headline figures for GPT-3 175B."""
 

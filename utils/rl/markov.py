@@ -63,15 +63,22 @@ def transition_counts(states: Sequence[int], n_states: int) -> np.ndarray:
     return counts
 
 
-def estimate_transition_matrix(states: Sequence[int], n_states: int) -> np.ndarray:
-    """The maximum-likelihood ``P_hat[s, s'] = N(s -> s') / sum_s'' N(s -> s'')`` from one observed path.
+def estimate_transition_matrix(states: Sequence[int] | Sequence[Sequence[int]], n_states: int) -> np.ndarray:
+    """The maximum-likelihood ``P_hat[s, s'] = N(s -> s') / sum_s'' N(s -> s'')`` from observed paths.
+
+    ``states`` is one path, or a list of paths (separate episodes): their
+    counts add, and no transition is counted across the end of one path and
+    the start of the next.
 
     Maximising the log-likelihood ``sum N(s -> s') log P[s, s']`` under the
     constraint that each row sums to 1 (a Lagrange multiplier per row) gives
     exactly the normalised counts. A state the path never leaves has no data: its
     row is left uniform, ``1 / S``, so ``P_hat`` is always row-stochastic.
     """
-    counts = transition_counts(states, n_states)
+    if len(states) and isinstance(states[0], (Sequence, np.ndarray)) and not isinstance(states[0], str):
+        counts = sum(transition_counts(path, n_states) for path in states)
+    else:
+        counts = transition_counts(states, n_states)
     totals = counts.sum(-1, keepdims=True)
     return np.where(totals > 0, counts / np.maximum(totals, 1.0), 1.0 / n_states)
 

@@ -14,6 +14,10 @@ and returns a scalar to minimise:
   its group as the advantage, with no value model.
 - DPO (Rafailov et al. 2023, arXiv:2305.18290, eq. 7):
   ``-log sigmoid(beta [(log pi(y_w) - log pi_ref(y_w)) - (log pi(y_l) - log pi_ref(y_l))])``, averaged.
+- Schulman's KL estimators k1, k2, k3 ("Approximating KL divergence", 2020):
+  :func:`kl_estimate`. Their *values* are about ``KL(pi || pi_ref)`` on samples
+  from ``pi``; their *gradients*, when used as a loss, are a different matter
+  (Tang & Munos 2025, arXiv:2506.09477; Liu et al. 2025, arXiv:2510.01555).
 """
 
 from __future__ import annotations
@@ -73,6 +77,39 @@ def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Ten
     check_positive("beta", beta)
     margin = (policy_chosen_logps - ref_chosen_logps) - (policy_rejected_logps - ref_rejected_logps)
     return -F.logsigmoid(beta * margin).mean()
+
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+"""The names :func:`kl_estimate` accepts."""
+
+
+def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Schulman's single-sample estimators of ``KL(pi || pi_ref)``, elementwise, for samples ``x ~ pi``.
+
+    With ``log r = logp_ref - logp`` (Schulman 2020, "Approximating KL divergence"):
+
+    - ``k1 = -log r``: unbiased, but negative on about half the samples, so noisy;
+    - ``k2 = (log r)^2 / 2``: non-negative, biased (its mean is an f-divergence
+      that agrees with KL to second order);
+    - ``k3 = (r - 1) - log r``: unbiased and non-negative (``log r <= r - 1``),
+      the estimator of DeepSeekMath's eq. 4 (arXiv:2402.03300).
+
+    "Unbiased" holds for the *value* and only on samples from ``pi`` itself.
+    Used as a loss and differentiated, the gradients are (taking the
+    expectation over ``x ~ pi`` with the sampling held fixed):
+    ``E[grad k1] = 0``, ``E[grad k2] = grad KL(pi || pi_ref)`` and
+    ``E[grad k3] = grad KL(pi_ref || pi)``, the *forward* KL
+    (Tang & Munos 2025, arXiv:2506.09477; Liu et al. 2025, arXiv:2510.01555).
+    """
+    _same_shape(logp=logp, logp_ref=logp_ref)
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+    log_r = logp_ref - logp
+    if estimator == "k1":
+        return -log_r
+    if estimator == "k2":
+        return 0.5 * log_r ** 2
+    return torch.expm1(log_r) - log_r
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float = 1.0, lam: float = 0.95) -> torch.Tensor:

@@ -9,7 +9,11 @@
 - :func:`grpo_loss` / :func:`train_grpo`: GRPO (Shao et al. 2024, arXiv:2402.03300,
   eq. 3): group z-scored rewards as advantages, PPO's clipped ratio per token,
   and ``beta`` times the k3 estimator ``r - log r - 1`` with
-  ``r = pi_ref / pi`` (their eq. 4; Schulman 2020, "Approximating KL divergence");
+  ``r = pi_ref / pi`` (their eq. 4; Schulman 2020, "Approximating KL divergence"),
+  put in the *loss* as GRPO does. Its value is an unbiased estimate of
+  ``KL(pi || pi_ref)`` only on samples from ``pi`` (GRPO samples from ``pi_old``),
+  and its expected gradient is that of the forward ``KL(pi_ref || pi)``
+  (:func:`utils.rl.objectives.kl_estimate`; arXiv:2506.09477, arXiv:2510.01555);
 - :func:`preference_pairs` / :func:`train_dpo`: DPO (Rafailov et al. 2023,
   arXiv:2305.18290, eq. 7) on (correct, wrong) pairs sampled from the reference.
 """
@@ -24,7 +28,7 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from utils.progress import progress
-from utils.rl.objectives import dpo_loss, grpo_advantages, ppo_clip_loss
+from utils.rl.objectives import dpo_loss, grpo_advantages, kl_estimate, ppo_clip_loss
 from utils.rl.tiny_lm import PROMPT_LEN, decode, prompt_tokens, response_mask, sample, sequence_logprob, \
     token_logprobs
 from utils.validate import check_nonnegative, check_positive, check_positive_int
@@ -73,6 +77,10 @@ def grpo_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Te
               mask: torch.Tensor, clip: float = 0.2, beta: float = 0.04) -> torch.Tensor:
     """GRPO's loss on ``(batch, T)`` token log-probs: clipped surrogate plus ``beta`` k3-KL, mean over real tokens.
 
+    The k3 term is differentiated through, as in DeepSeekMath's eq. 3 ("KL in the
+    loss"): in expectation it pulls towards the reference along the gradient of
+    ``KL(pi_ref || pi)``, not of the ``KL(pi || pi_ref)`` it estimates.
+
     ``advantages`` is ``(batch,)``, one per response, shared by its tokens.
     The mean runs over all real tokens of the batch (a token-level mean, as
     DAPO, arXiv:2503.14476, section 3.3, rather than the paper's per-response mean).
@@ -81,8 +89,7 @@ def grpo_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Te
     mask = mask.bool()
     adv = advantages[:, None].expand_as(logp_new)
     policy_term = ppo_clip_loss(logp_new[mask], logp_old[mask], adv[mask], clip=clip)
-    log_r = (logp_ref - logp_new)[mask]
-    return policy_term + beta * (torch.exp(log_r) - log_r - 1).mean()
+    return policy_term + beta * kl_estimate(logp_new[mask], logp_ref[mask], "k3").mean()
 
 
 def train_grpo(policy: nn.Module, ref: nn.Module, problems: list[tuple[int, int]], steps: int,

@@ -87,6 +87,22 @@ def arithmetic_corpus(n: int, noise: float = 0.5, seed: int = 0,
     return torch.tensor(rows)
 
 
+def corpus_right_answer_share(noise: float = 0.5, problems: list[tuple[int, int]] | None = None) -> float:
+    """Probability that a perfect fit of :func:`arithmetic_corpus` samples the right answer at temperature 1.
+
+    Per problem the right answer has probability ``1 - noise + noise * k / 4``,
+    where ``k`` counts the offsets of ``-2, -1, +1, +2`` that would make the
+    answer negative (the corpus writes the right one instead); averaged over
+    the problems, which the corpus draws uniformly. For all 100 problems and
+    ``noise = 0.5``: ``(0.75 + 2 * 0.625 + 97 * 0.5) / 100 = 0.505``.
+    """
+    if not 0 <= noise <= 1:
+        raise ValueError(f"noise must lie in [0, 1], got {noise!r}")
+    problems = problems or all_prompts()
+    shares = [1 - noise + noise * sum(a + b + d < 0 for d in (-2, -1, 1, 2)) / 4 for a, b in problems]
+    return sum(shares) / len(shares)
+
+
 class Block(nn.Module):
     """Pre-norm attention and MLP, each added to the residual stream."""
 
