@@ -7,6 +7,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor.debug import CommDebugMode
 
+from tests.parallel import value_error_messages
 from utils.dist import launch
 from utils.parallel import tensor_parallel as tp
 from utils.parallel.saved_activations import saved_activation_bytes
@@ -104,15 +105,9 @@ def test_sequence_parallel_attention_shares_one_gather_between_q_k_v_and_saves_o
 
 
 def _errors(rank, t):
-    messages = []
-    for attempt in (lambda: all_gather_linears(torch.randn(B, S // t, H), []),
-                    lambda: all_gather_linears(torch.randn(B, S // t, H), [(torch.randn(H, H), None)], seq_dim=3)):
-        try:
-            attempt()
-            messages.append(None)
-        except ValueError as exc:
-            messages.append(str(exc))
-    return messages
+    return value_error_messages([
+        lambda: all_gather_linears(torch.randn(B, S // t, H), []),
+        lambda: all_gather_linears(torch.randn(B, S // t, H), [(torch.randn(H, H), None)], seq_dim=3)])
 
 
 def test_bad_arguments_raise_value_error():

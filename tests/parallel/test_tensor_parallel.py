@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.parallel import value_error_messages
 from utils.dist import launch
 from utils.parallel import tensor_parallel as tp
 from utils.parallel.sequence_parallel import all_reduce_replicated_grads, split_sequence
@@ -122,7 +123,6 @@ def test_tensor_parallel_layers_equal_the_full_model(world_size):
 
 
 def _errors(rank, t):
-    messages = []
     attempts = [
         lambda: tp.column_parallel(nn.Linear(8, 6)),  # 6 output features over 4 ranks
         lambda: tp.row_parallel(nn.Linear(6, 8)),  # 6 input features over 4 ranks
@@ -130,13 +130,7 @@ def _errors(rank, t):
         lambda: split_sequence(torch.randn(1, 6, 8), 1),  # 6 tokens over 4 ranks
         lambda: tp.column_parallel(nn.Conv1d(4, 4, 1)),
     ]
-    for attempt in attempts:
-        try:
-            attempt()
-            messages.append(None)
-        except ValueError as exc:
-            messages.append(str(exc))
-    return messages
+    return value_error_messages(attempts)
 
 
 def test_sizes_that_do_not_divide_raise_value_error():

@@ -209,14 +209,21 @@ def peak_in_flight(ops: Sequence[Op]) -> list[int]:
     That is how many micro-batches' activations the stage stores at once
     (for interleaved, in units of one chunk: ``1 / v`` of the stage's layers).
     """
-    p = max(o.stage for o in ops) + 1
     events = defaultdict(list)
     for o in ops:
         events[o.stage].append((o.start, 1, 1) if o.kind == "F" else (o.end, 0, -1))
+    return peak_per_stage(events, max(o.stage for o in ops) + 1)
+
+
+def peak_per_stage(events: dict[int, list[tuple[float, int, float]]], n_stages: int) -> list:
+    """Per stage, the highest running sum of ``(time, order, delta)`` events taken in time order.
+
+    ``order`` breaks ties: at equal times a release (0) comes before a new store (1).
+    """
     peaks = []
-    for s in range(p):
+    for s in range(n_stages):
         held = peak = 0
-        for _, _, delta in sorted(events[s]):  # at equal times a free (0) comes before a new store (1)
+        for _, _, delta in sorted(events[s]):
             held += delta
             peak = max(peak, held)
         peaks.append(peak)

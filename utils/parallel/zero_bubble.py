@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Sequence
 
-from utils.parallel.pipeline import Op, simulate
+from utils.parallel.pipeline import Op, peak_per_stage, simulate
 from utils.parallel.pipeline import schedule as pp_schedule
 from utils.validate import check_nonnegative_int, check_positive, check_positive_int
 
@@ -144,14 +144,7 @@ def peak_activations(ops: Sequence[Op], weight_grad_share: float = 1.0) -> list[
             events[o.stage].append((o.end, 0, share - 1.0))
         else:
             events[o.stage].append((o.end, 0, -share))
-    peaks = []
-    for s in range(p):
-        held = peak = 0.0
-        for _, _, delta in sorted(events[s]):  # at equal times a release (0) comes before a new store (1)
-            held += delta
-            peak = max(peak, held)
-        peaks.append(peak)
-    return peaks
+    return [float(peak) for peak in peak_per_stage(events, p)]
 
 
 def paper_stage_memory(kind: str, n_stages: int, stage: int, weight_grad_share: float) -> float:
