@@ -162,8 +162,29 @@ def stored_run_seconds(notebook) -> float:
     return max(0.0, (end - start).total_seconds())
 
 
+# A kernel that dies before its first reply ran no cell, so starting it again is safe. It happens
+# when kernels start side by side on a loaded machine (CI once lost one of two tiny notebooks so).
+KERNEL_START_FAILURE = "Kernel died before replying to kernel_info"
+KERNEL_START_ATTEMPTS = 3
+
+
 def execute_one(path: str, config_path: str, build_dir: str) -> Outcome:
-    """Run myst-nb's cache client on one notebook, as the build would (in a worker process)."""
+    """Run myst-nb's cache client on one notebook, as the build would (in a worker process).
+
+    A kernel that dies before it replies to ``kernel_info`` (no cell has run) is started
+    again, up to :data:`KERNEL_START_ATTEMPTS` times in all; any other failure is final.
+    """
+    for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
+        outcome = _execute_once(path, config_path, build_dir)
+        if outcome.status != "failed" or KERNEL_START_FAILURE not in outcome.message:
+            return outcome
+        if attempt < KERNEL_START_ATTEMPTS:
+            print(f"{path}: the kernel died before it started (attempt {attempt}); starting it again", flush=True)
+    return outcome
+
+
+def _execute_once(path: str, config_path: str, build_dir: str) -> Outcome:
+    """One try of :func:`execute_one`."""
     from jupyter_cache import get_cache
     from myst_nb.core.execute import create_client
 

@@ -157,3 +157,33 @@ def test_a_dead_worker_fails_the_run(tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
     assert "=== kill.ipynb failed ===" in done.stdout
     assert "a worker process died" in done.stdout
+
+
+def test_a_kernel_that_dies_before_starting_is_started_again(monkeypatch, capsys):
+    tries = []
+
+    def flaky(path, config_path, build_dir):
+        tries.append(path)
+        if len(tries) == 1:
+            return execute_cache.Outcome(path, "failed", 0.1, f"RuntimeError: {execute_cache.KERNEL_START_FAILURE}")
+        return execute_cache.Outcome(path, "executed", 1.0)
+
+    monkeypatch.setattr(execute_cache, "_execute_once", flaky)
+    assert execute_cache.execute_one("a.ipynb", "c.yml", "_build").status == "executed"
+    assert len(tries) == 2 and "starting it again" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("message, tries_expected", [
+    ("CellExecutionError: ZeroDivisionError", 1),  # a cell failed: final at once
+    (f"RuntimeError: {'Kernel died before replying to kernel_info'}", 3),  # never starts: give up after 3
+])
+def test_other_failures_are_final_and_start_retries_are_bounded(monkeypatch, message, tries_expected):
+    tries = []
+
+    def failing(path, config_path, build_dir):
+        tries.append(path)
+        return execute_cache.Outcome(path, "failed", 0.1, message)
+
+    monkeypatch.setattr(execute_cache, "_execute_once", failing)
+    assert execute_cache.execute_one("a.ipynb", "c.yml", "_build").status == "failed"
+    assert len(tries) == tries_expected
