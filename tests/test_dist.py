@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from utils.dist import NCCL_BACKEND, WorkerError, choose_backend, choose_start_method, launch
+from utils.dist import NCCL_BACKEND, WorkerError, choose_backend, choose_start_method, launch, worker_threads
 
 CUDA_PRESENT = torch.cuda.device_count() > 0  # fork is refused there; see choose_start_method
 
@@ -139,3 +139,29 @@ def test_impossible_choices_raise_value_error(call, match):
 @pytest.mark.skipif(CUDA_PRESENT, reason="on a GPU machine launch may pick NCCL")
 def test_launch_uses_gloo_here():
     assert launch(lambda rank, world_size: dist.get_backend(), 2, start_method="spawn") == ["gloo", "gloo"]
+
+
+def _threaded_op(rank, world_size):
+    a = torch.randn(64, 3, 40, 40, dtype=torch.float64)
+    return torch.get_num_threads(), float(torch.exp(a).sum())
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork here")
+def test_a_forked_worker_does_not_hang_after_the_parent_ran_parallel_ops():
+    """GNU OpenMP is not fork-safe: a forked child that runs a multi-threaded op after the parent did can hang."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(1000, 1000)
+        (x @ x).sum()
+        torch.exp(torch.randn(64, 3, 40, 40, dtype=torch.float64))  # the parent's OpenMP pool is now live
+        [(threads, _)] = launch(_threaded_op, 1, start_method="fork", timeout=30)
+    finally:
+        torch.set_num_threads(before)
+    assert threads == 1
+
+
+def test_worker_threads_share_the_cores_except_under_fork():
+    assert worker_threads("fork", 1, cpu_count=16) == 1
+    assert worker_threads("spawn", 2, cpu_count=16) == 8
+    assert worker_threads("spawn", 4, cpu_count=2) == 1

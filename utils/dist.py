@@ -95,6 +95,7 @@ def _worker(
     timeout: float,
     results: Any,
     stack_file: str,
+    threads: int,
 ) -> None:
     """Body of each worker process: set up the group, run the function, report back."""
     # On SIGUSR1 (sent by the parent at a timeout) write this process's stack, to say where it hung.
@@ -113,7 +114,7 @@ def _worker(
         if backend == NCCL_BACKEND:
             torch.cuda.set_device(rank)  # before init: NCCL (and batch_isend_irecv) need the current device set
             device_id = torch.device("cuda", rank)
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        torch.set_num_threads(threads)
         # Longer than launch's own timeout, so a hang is reported by the parent as a TimeoutError.
         group_timeout = datetime.timedelta(seconds=timeout + 60)
         store = dist.FileStore(store_path, world_size)
@@ -143,6 +144,19 @@ def _wait_for_every_rank(store: dist.Store, key: str, rank: int, world_size: int
     """
     store.set(f"{key}/{rank}", b"1")
     store.wait([f"{key}/{r}" for r in range(world_size)])
+
+
+def worker_threads(start_method: str, world_size: int, cpu_count: int | None = None) -> int:
+    """Intra-op threads for each worker: 1 under fork, else the cores shared out (at least 1).
+
+    A forked child inherits the parent's OpenMP thread pool in a broken state: once
+    the parent has run a parallel op (a matmul in an earlier cell), a child that runs
+    one with more than one thread can hang for good (GNU libgomp is not fork-safe;
+    reproduced with ``launch(fn, 1)`` on 2 cores). With one thread PyTorch runs ops
+    inline and never enters OpenMP. Spawned workers start clean and share the cores.
+    """
+    cores = os.cpu_count() if cpu_count is None else cpu_count
+    return 1 if start_method == "fork" else max(1, (cores or 1) // world_size)
 
 
 def _stop(processes: Sequence[mp.process.BaseProcess]) -> None:
@@ -246,7 +260,8 @@ def launch(
     stack_files = [os.path.join(scratch.name, f"stack-rank{rank}.txt") for rank in range(world_size)]
     processes = [
         ctx.Process(target=_worker, daemon=True, name=f"launch-rank-{rank}",
-                    args=(payload, rank, world_size, backend, store_path, timeout, results, stack_files[rank]))
+                    args=(payload, rank, world_size, backend, store_path, timeout, results, stack_files[rank],
+                          worker_threads(method, world_size)))
         for rank in range(world_size)
     ]
     outputs: dict[int, Any] = {}
