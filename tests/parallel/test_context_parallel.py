@@ -86,7 +86,8 @@ def _bad_calls(rank, world_size):
     for call in (lambda: ring_attention(q, q, q, causal=True, layout="zigzag"),
                  lambda: ring_attention(q, q, q, layout="striped"),
                  lambda: ring_attention(q, q[:, :, :2], q[:, :, :2]),
-                 lambda: ring_attention(q[0], q[0], q[0])):
+                 lambda: ring_attention(q[0], q[0], q[0]),
+                 lambda: ring_attention(q.repeat(1, 2, 1, 1)[:, :3], q, q)):  # 2 KV heads do not divide 3 query heads
         try:
             call()
             errors.append(None)
@@ -197,3 +198,79 @@ def test_ring_step_costs_and_the_overlap_threshold():
     step_bytes, step_flops = ring_step_costs(round(n_star), 32, 8, 128)
     assert math.isclose(step_bytes / bw, step_flops / rate, rel_tol=1e-3)  # the threshold: both take as long
     assert min_local_seq_to_hide(32, 8, rate, bw, compute_fraction=0.5) == 2 * n_star
+
+
+def _work_done(rank, world_size, seq, layout):
+    """Score entries ring_attention's forward computes on this rank, recorded from its block products."""
+    import utils.parallel.context_parallel as cp
+
+    done, scores = [], cp._scores
+
+    def recording(*args):
+        s = scores(*args)
+        done.append(s.shape[-2:].numel())
+        return s
+
+    cp._scores = recording  # this forked worker's copy of the module only
+    q, k, v, _ = (shard_sequence(t, rank, world_size, layout) for t in _qkv_grad(seq, torch.float64))
+    ring_attention(q, k, v, causal=True, layout=layout)
+    return done
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_ring_attention_computes_the_work_ring_attention_work_counts(layout):
+    seq, p = 24, 3
+    expected = ring_attention_work(seq, p, layout)
+    for rank, done in enumerate(launch(_work_done, p, seq, layout, timeout=60)):
+        assert done == [w for w in expected[rank] if w], rank  # fully masked blocks are skipped, not computed
+
+
+def _subgroups(rank, world_size, seq, layout):
+    """Two rings of two ranks each, {0, 2} and {1, 3}: the ring follows the group's ranks, not the world's."""
+    import torch.distributed as dist
+
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    group, group_rank = groups[rank % 2], rank // 2
+    q, k, v, d_out = (shard_sequence(t, group_rank, 2, layout) for t in _qkv_grad(seq, torch.float64, seed=rank % 2))
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    out = ring_attention(q, k, v, causal=True, group=group, layout=layout)
+    out.backward(d_out)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def test_ring_attention_on_subgroups_equals_sdpa_per_group():
+    seq, layout = 8, "zigzag"
+    per_rank = launch(_subgroups, 4, seq, layout, timeout=90)
+    for seed, members in ((0, (0, 2)), (1, (1, 3))):
+        q, k, v, d_out = _qkv_grad(seq, torch.float64, seed=seed)
+        q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.backward(d_out)
+        for i, want in enumerate((out.detach(), q.grad, k.grad, v.grad)):
+            got = unshard_sequence([per_rank[m][i] for m in members], layout)
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def _gqa(rank, world_size, seq, layout):
+    g = torch.Generator().manual_seed(1)
+    q, k, v, d_out = (torch.randn(B, h, seq, D, generator=g, dtype=torch.float64) for h in (4, 2, 2, 4))
+    q, k, v, d_out = (shard_sequence(t, rank, world_size, layout) for t in (q, k, v, d_out))
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    out = ring_attention(q, k, v, causal=True, layout=layout)
+    out.backward(d_out)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_grouped_query_ring_attention_equals_sdpa_with_gqa(layout):
+    seq = 16
+    per_rank = launch(_gqa, 2, seq, layout, timeout=90)
+    g = torch.Generator().manual_seed(1)
+    q, k, v, d_out = (torch.randn(B, h, seq, D, generator=g, dtype=torch.float64) for h in (4, 2, 2, 4))
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    out.backward(d_out)
+    for i, want in enumerate((out.detach(), q.grad, k.grad, v.grad)):
+        got = unshard_sequence([r[i] for r in per_rank], layout)
+        assert got.shape == want.shape  # dk and dv keep the 2 KV heads
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)

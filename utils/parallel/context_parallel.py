@@ -190,6 +190,16 @@ def _ring_info(group):
     return p, r, peer((r + 1) % p), peer((r - 1) % p)
 
 
+def _heads(t: torch.Tensor, groups: int) -> torch.Tensor:
+    """K or V with each KV head repeated for its ``groups`` query heads (grouped-query attention, as SDPA's enable_gqa)."""
+    return t.repeat_interleave(groups, dim=1) if groups > 1 else t
+
+
+def _fold(t: torch.Tensor, groups: int) -> torch.Tensor:
+    """The gradient of :func:`_heads`: sum each KV head's ``groups`` query-head copies."""
+    return t.unflatten(1, (t.shape[1] // groups, groups)).sum(2) if groups > 1 else t
+
+
 def _scores(q, k, rows, cols, q_pos, k_pos, causal, scale):
     s = q.index_select(2, rows) @ k.index_select(2, cols).transpose(-2, -1) * scale
     if causal:
@@ -206,7 +216,7 @@ class RingAttention(torch.autograd.Function):
         seq = q.shape[2] * p
         pos = [positions(seq, i, p, layout) for i in range(p)]
         acc_dtype = _accumulation_dtype(q.dtype)
-        qa = q.to(acc_dtype)
+        qa, g = q.to(acc_dtype), q.shape[1] // k.shape[1]
         m = torch.full(q.shape[:3], -math.inf, dtype=acc_dtype, device=q.device)
         l, acc = torch.zeros_like(m), torch.zeros_like(qa)
         kv = torch.stack([k, v]).contiguous()
@@ -218,7 +228,7 @@ class RingAttention(torch.autograd.Function):
             act = _active(pos[r], pos[src], causal)
             if act is not None:
                 rows, cols = (i.to(q.device) for i in act)
-                s = _scores(qa, kv[0].to(acc_dtype), rows, cols, pos[r].to(q.device), pos[src].to(q.device),
+                s = _scores(qa, _heads(kv[0].to(acc_dtype), g), rows, cols, pos[r].to(q.device), pos[src].to(q.device),
                             causal, scale)
                 m_old = m[:, :, rows]
                 m_new = torch.maximum(m_old, s.amax(-1))
@@ -226,7 +236,7 @@ class RingAttention(torch.autograd.Function):
                 pr = torch.exp(s - m_safe[..., None])
                 alpha = torch.exp(m_old - m_safe)
                 l[:, :, rows] = alpha * l[:, :, rows] + pr.sum(-1)
-                acc[:, :, rows] = alpha[..., None] * acc[:, :, rows] + pr @ kv[1].to(acc_dtype).index_select(2, cols)
+                acc[:, :, rows] = alpha[..., None] * acc[:, :, rows] + pr @ _heads(kv[1].to(acc_dtype).index_select(2, cols), g)
                 m[:, :, rows] = m_new
             for w in works:
                 w.wait()
@@ -244,7 +254,7 @@ class RingAttention(torch.autograd.Function):
         p, r, right, left = _ring_info(group)
         pos = [positions(q.shape[2] * p, i, p, layout).to(q.device) for i in range(p)]
         acc_dtype = _accumulation_dtype(q.dtype)
-        qa, do = q.to(acc_dtype), d_out.to(acc_dtype)
+        qa, do, g = q.to(acc_dtype), d_out.to(acc_dtype), q.shape[1] // k.shape[1]
         delta = (do * out.to(acc_dtype)).sum(-1)  # D = rowsum(dO * O)
         dq = torch.zeros_like(qa)
         kv = torch.stack([k, v]).to(acc_dtype).contiguous()
@@ -254,14 +264,14 @@ class RingAttention(torch.autograd.Function):
             act = _active(pos[r].cpu(), pos[src].cpu(), causal)
             if act is not None:
                 rows, cols = (i.to(q.device) for i in act)
-                kc, vc = kv[0].index_select(2, cols), kv[1].index_select(2, cols)
-                s = _scores(qa, kv[0], rows, cols, pos[r], pos[src], causal, scale)
+                kc, vc = (_heads(t.index_select(2, cols), g) for t in kv)
+                s = _scores(qa, _heads(kv[0], g), rows, cols, pos[r], pos[src], causal, scale)
                 pr = torch.exp(s - lse[:, :, rows, None])  # P recomputed from the saved log-sum-exp
                 do_r = do.index_select(2, rows)
-                dkv[1].index_add_(2, cols, pr.transpose(-2, -1) @ do_r)
+                dkv[1].index_add_(2, cols, _fold(pr.transpose(-2, -1) @ do_r, g))
                 ds = pr * (do_r @ vc.transpose(-2, -1) - delta[:, :, rows, None])
                 dq.index_add_(2, rows, ds @ kc * scale)
-                dkv[0].index_add_(2, cols, ds.transpose(-2, -1) @ qa.index_select(2, rows) * scale)
+                dkv[0].index_add_(2, cols, _fold(ds.transpose(-2, -1) @ qa.index_select(2, rows) * scale, g))
             if p > 1:  # K/V hop P - 1 times; the accumulators P times, which brings them home
                 if t < p - 1:
                     both, works = _start_ring_send(torch.cat([kv, dkv]), group, right, left)
@@ -281,13 +291,14 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     """This rank's rows of ``softmax(Q K^T * scale + mask) V`` over the whole sequence (differentiable).
 
     Call it on every rank of ``group`` (None: the default group) with this
-    rank's ``(batch, heads, local_seq, head_dim)`` q, k, v, sharded along dim 2
+    rank's ``(batch, heads, local_seq, head_dim)`` q, k, v (k and v may have fewer
+    heads, a divisor of q's: grouped-query attention, and only those travel the ring), sharded along dim 2
     by :func:`shard_sequence` with the same ``layout`` and ``rank = dist.get_rank(group)``.
     ``layout`` only matters with ``causal``: it gives each token's global
     position. ``sm_scale`` defaults to ``1 / sqrt(head_dim)``. Every rank must
     pass the same shapes; the output has q's shape and dtype, accumulated in fp32 (fp64 for fp64).
     """
-    check_qkv(q, k, v, causal)
+    check_qkv(q, k, v, causal, gqa=True)
     if q.shape[2] != k.shape[2]:
         raise ValueError(f"q and k/v must hold the same tokens, got {q.shape[2]} and {k.shape[2]} per rank")
     if not dist.is_initialized():
