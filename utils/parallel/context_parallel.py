@@ -98,7 +98,7 @@ def shard_sequence(x: torch.Tensor, rank: int, world_size: int, layout: str = "c
 
 
 def unshard_sequence(chunks: list[torch.Tensor], layout: str = "contiguous", dim: int = 2) -> torch.Tensor:
-    """The full sequence from every rank's shard (``chunks[r]`` from rank ``r``): the inverse of :func:`shard_sequence`."""
+    """The full sequence from every rank's shard (``chunks[r]`` from rank ``r``); inverts :func:`shard_sequence`."""
     if not isinstance(chunks, (list, tuple)) or not chunks:
         raise ValueError("chunks must be a non-empty list of tensors, one per rank in rank order")
     p = len(chunks)
@@ -176,11 +176,11 @@ def min_local_seq_to_hide(heads: int, kv_heads: int, flops_per_s: float, bandwid
     return check_element_size(element_size) * rate * hkv / (2 * f * h * bw)
 
 
-def _start_ring_send(tensor: torch.Tensor, group, right: int, left: int):
+def _start_ring_send(tensor: torch.Tensor, group, right: int, left: int, tag: int = 0):
     """Post the send of ``tensor`` to ``right`` and the receive of its successor from ``left``; return (recv, works)."""
     recv = torch.empty_like(tensor)
-    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, tensor, right, group),
-                                    dist.P2POp(dist.irecv, recv, left, group)])
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, tensor, right, group, tag),
+                                    dist.P2POp(dist.irecv, recv, left, group, tag)])
     return recv, works
 
 
@@ -191,7 +191,7 @@ def _ring_info(group):
 
 
 def _heads(t: torch.Tensor, groups: int) -> torch.Tensor:
-    """K or V with each KV head repeated for its ``groups`` query heads (grouped-query attention, as SDPA's enable_gqa)."""
+    """K or V with each KV head repeated for its ``groups`` query heads (GQA, as SDPA's ``enable_gqa``)."""
     return t.repeat_interleave(groups, dim=1) if groups > 1 else t
 
 
@@ -228,15 +228,16 @@ class RingAttention(torch.autograd.Function):
             act = _active(pos[r], pos[src], causal)
             if act is not None:
                 rows, cols = (i.to(q.device) for i in act)
-                s = _scores(qa, _heads(kv[0].to(acc_dtype), g), rows, cols, pos[r].to(q.device), pos[src].to(q.device),
-                            causal, scale)
+                q_pos, k_pos = pos[r].to(q.device), pos[src].to(q.device)
+                s = _scores(qa, _heads(kv[0].to(acc_dtype), g), rows, cols, q_pos, k_pos, causal, scale)
                 m_old = m[:, :, rows]
                 m_new = torch.maximum(m_old, s.amax(-1))
                 m_safe = torch.where(torch.isinf(m_new), 0.0, m_new)  # a row masked so far: nothing to rescale
                 pr = torch.exp(s - m_safe[..., None])
                 alpha = torch.exp(m_old - m_safe)
                 l[:, :, rows] = alpha * l[:, :, rows] + pr.sum(-1)
-                acc[:, :, rows] = alpha[..., None] * acc[:, :, rows] + pr @ _heads(kv[1].to(acc_dtype).index_select(2, cols), g)
+                v_blk = _heads(kv[1].to(acc_dtype).index_select(2, cols), g)
+                acc[:, :, rows] = alpha[..., None] * acc[:, :, rows] + pr @ v_blk
                 m[:, :, rows] = m_new
             for w in works:
                 w.wait()
@@ -260,11 +261,14 @@ class RingAttention(torch.autograd.Function):
         kv = torch.stack([k, v]).to(acc_dtype).contiguous()
         dkv = torch.zeros_like(kv)  # the accumulators travel with their block
         for t in range(p):
+            kv_works = []
+            if t < p - 1:  # K/V can leave at once; dK/dV only once this step has added to them
+                nxt, kv_works = _start_ring_send(kv, group, right, left, tag=0)
             src = (r - t) % p
             act = _active(pos[r].cpu(), pos[src].cpu(), causal)
             if act is not None:
                 rows, cols = (i.to(q.device) for i in act)
-                kc, vc = (_heads(t.index_select(2, cols), g) for t in kv)
+                kc, vc = (_heads(x.index_select(2, cols), g) for x in kv)
                 s = _scores(qa, _heads(kv[0], g), rows, cols, pos[r], pos[src], causal, scale)
                 pr = torch.exp(s - lse[:, :, rows, None])  # P recomputed from the saved log-sum-exp
                 do_r = do.index_select(2, rows)
@@ -273,15 +277,11 @@ class RingAttention(torch.autograd.Function):
                 dq.index_add_(2, rows, ds @ kc * scale)
                 dkv[0].index_add_(2, cols, _fold(ds.transpose(-2, -1) @ qa.index_select(2, rows) * scale, g))
             if p > 1:  # K/V hop P - 1 times; the accumulators P times, which brings them home
-                if t < p - 1:
-                    both, works = _start_ring_send(torch.cat([kv, dkv]), group, right, left)
-                    for w in works:
-                        w.wait()
-                    kv, dkv = both[:2], both[2:].contiguous()
-                else:
-                    dkv, works = _start_ring_send(dkv, group, right, left)
-                    for w in works:
-                        w.wait()
+                dkv, works = _start_ring_send(dkv, group, right, left, tag=1)
+                for w in works + kv_works:
+                    w.wait()
+            if t < p - 1:
+                kv = nxt
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None
 
 
