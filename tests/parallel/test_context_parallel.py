@@ -16,6 +16,7 @@ from utils.parallel.context_parallel import (
     min_local_seq_to_hide,
     positions,
     ring_attention,
+    ring_attention_seconds,
     ring_attention_work,
     ring_step_costs,
     shard_sequence,
@@ -146,6 +147,8 @@ def test_shard_sequence_rejects_lengths_the_layout_cannot_split(seq, world_size,
     lambda: ring_step_costs(8, 6, 4, 64),
     lambda: min_local_seq_to_hide(8, 8, 1e15, 0.0),
     lambda: min_local_seq_to_hide(8, 8, 1e15, 1e11, compute_fraction=1.5),
+    lambda: ring_attention_seconds(16, 2, 8, 8, 64, 1e15, 1e11, latency_s=-1.0),
+    lambda: ring_attention_seconds(16, 2, 8, 8, 64, 1e15, 0.0),
 ])
 def test_bad_inputs_raise_value_error(call):
     with pytest.raises(ValueError):
@@ -274,3 +277,23 @@ def test_grouped_query_ring_attention_equals_sdpa_with_gqa(layout):
         got = unshard_sequence([r[i] for r in per_rank], layout)
         assert got.shape == want.shape  # dk and dv keep the 2 KV heads
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout, causal, fraction", [
+    ("contiguous", False, 1.0),
+    ("contiguous", True, 1.0),  # causal, but at every step some rank computes a full block: no slack gained
+    ("zigzag", True, 0.5),      # every step after the first is half a block: the transfer needs twice the tokens
+])
+def test_simulated_ring_hides_the_transfer_exactly_above_the_closed_form_threshold(layout, causal, fraction):
+    """H100 SXM (bf16 dense peak, NVLink per direction) with Llama-3-405B-like heads: 128 query, 8 KV heads."""
+    from utils.gpu.hardware import spec
+
+    h100 = spec("H100-SXM")
+    rate, bw, p = h100.flops("bf16"), h100.nvlink_bandwidth / 2, 4
+    args = dict(world_size=p, heads=128, kv_heads=8, head_dim=128, flops_per_s=rate, layout=layout, causal=causal)
+    n_star = min_local_seq_to_hide(128, 8, rate, bw, compute_fraction=fraction)
+    assert math.isclose(n_star, 2 * rate * 8 / (2 * fraction * 128 * bw))
+    for n in (2 * math.floor(n_star / 2) - 8, 2 * math.ceil(n_star / 2) + 8):  # just below, just above (even n)
+        with_link = ring_attention_seconds(p * n, bandwidth_bytes_per_s=bw, **args)
+        free_link = ring_attention_seconds(p * n, bandwidth_bytes_per_s=1e30, **args)
+        assert (with_link == free_link) == (n > n_star), n

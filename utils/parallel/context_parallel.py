@@ -23,7 +23,13 @@ and gives rank ``r`` chunks ``r`` and ``2P - 1 - r`` (Llama 3, Dubey et al.
 2024, arXiv:2407.21783, section 3.3.2), which balances the causal work
 (:func:`ring_attention_work`). A block's rows that see none of its keys, and
 keys that no row sees, are skipped, so ring attention computes the score
-entries :func:`ring_attention_work` counts.
+entries :func:`ring_attention_work` counts. With grouped-query attention only
+the KV heads travel.
+
+The cost model: a step sends ``2 b h_kv n d e`` bytes and computes up to
+``4 b h n^2 d`` FLOPs (:func:`ring_step_costs`); the transfer hides once
+``n`` passes :func:`min_local_seq_to_hide`, which :func:`ring_attention_seconds`
+checks step by step.
 """
 
 from __future__ import annotations
@@ -34,7 +40,13 @@ import torch
 import torch.distributed as dist
 
 from utils.attention.flash_reference import _accumulation_dtype, check_qkv
-from utils.validate import check_element_size, check_nonnegative_int, check_positive, check_positive_int
+from utils.validate import (
+    check_element_size,
+    check_nonnegative,
+    check_nonnegative_int,
+    check_positive,
+    check_positive_int,
+)
 
 LAYOUTS = ("contiguous", "zigzag")
 """How a sequence is split over context-parallel ranks: ``P`` equal slices, or ``2P`` chunks paired i with 2P-1-i."""
@@ -174,6 +186,31 @@ def min_local_seq_to_hide(heads: int, kv_heads: int, flops_per_s: float, bandwid
     if f > 1:
         raise ValueError(f"compute_fraction must be in (0, 1], got {f}")
     return check_element_size(element_size) * rate * hkv / (2 * f * h * bw)
+
+
+def ring_attention_seconds(seq_len: int, world_size: int, heads: int, kv_heads: int, head_dim: int,
+                           flops_per_s: float, bandwidth_bytes_per_s: float, layout: str = "contiguous",
+                           causal: bool = True, batch: int = 1, element_size: int = 2,
+                           latency_s: float = 0.0) -> float:
+    """Forward time of ring attention, simulated step by step with the next block's transfer overlapped.
+
+    Step ``t`` takes ``max(compute, transfer)``: compute is the slowest rank's
+    :func:`ring_attention_work` at that step times ``4 b h d`` FLOPs over
+    ``flops_per_s``; transfer is one K/V block (:func:`ring_step_costs`) over
+    ``bandwidth_bytes_per_s`` plus ``latency_s``, on the first ``P - 1`` steps
+    only. The closed form :func:`min_local_seq_to_hide` says when transfer never wins.
+    """
+    work = ring_attention_work(seq_len, world_size, layout, causal)  # validates seq_len, world_size, layout
+    p = world_size
+    kv_bytes, _ = ring_step_costs(seq_len // p, heads, kv_heads, head_dim, batch, element_size)
+    rate = check_positive("flops_per_s", flops_per_s, finite=True)
+    bw = check_positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s, finite=True)
+    latency = float(check_nonnegative("latency_s", latency_s, finite=True))
+    total = 0.0
+    for t in range(p):
+        compute = max(w[t] for w in work) * 4 * batch * heads * head_dim / rate
+        total += max(compute, kv_bytes / bw + latency if t < p - 1 else 0.0)
+    return total
 
 
 def _start_ring_send(tensor: torch.Tensor, group, right: int, left: int, tag: int = 0):
