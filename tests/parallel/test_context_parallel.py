@@ -1,6 +1,7 @@
 """utils.parallel.context_parallel: ring attention on 2 and 4 gloo ranks equals SDPA on one process (outputs and
 dq, dk, dv), causal or not, contiguous or zigzag; shard/unshard round-trips; the causal work per rank (zigzag
-balanced, contiguous P times apart); the cost model; bad inputs raise ValueError."""
+balanced, contiguous P times apart) and that the ring computes exactly that; grouped-query heads; subgroups; the
+cost model against its step-by-step simulation; bad inputs raise ValueError."""
 
 import math
 
