@@ -37,6 +37,8 @@ ring_allreduce_time``; nothing is re-exported here):
 - :mod:`utils.parallel.vocab_parallel`: the vocabulary-parallel embedding and cross-entropy;
 - :mod:`utils.parallel.head_sharding`: query and KV heads per tensor-parallel rank under GQA;
 - :mod:`utils.parallel.dropout_rng`: Megatron's dropout RNG tracker (shared and per-rank streams);
+- :mod:`utils.parallel.context_parallel`: ring attention over a ring of ranks (forward and backward),
+  contiguous and zigzag sequence sharding, causal work per rank, when K/V transfers hide;
 - :mod:`utils.parallel.pipeline`: pipeline schedules (GPipe, 1F1B, interleaved 1F1B)
   simulated, their bubble against the closed forms, micro-batches in flight;
 - :mod:`utils.parallel.zero_bubble`: zero-bubble schedules (Qi et al. 2024): 1F1B, ZB-H1 and ZB-H2 with
