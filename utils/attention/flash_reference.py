@@ -100,7 +100,7 @@ def _causal_tile_mask(rows: range, cols: range, device: torch.device) -> torch.T
     return c > r
 
 
-def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     """fp32 for 16- and 32-bit inputs (as the kernels accumulate), fp64 for fp64 inputs."""
     return torch.promote_types(dtype, torch.float32)
 
@@ -111,7 +111,7 @@ class TiledAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, sm_scale: float, block_q: int, block_k: int):
         n_q, n_k = q.shape[2], k.shape[2]
-        acc_dtype = _accumulation_dtype(q.dtype)
+        acc_dtype = accumulation_dtype(q.dtype)
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:3], dtype=acc_dtype, device=q.device)
         for i in range(0, n_q, block_q):
@@ -142,7 +142,7 @@ class TiledAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         causal, sm_scale, block_q, block_k = ctx.args
         n_q, n_k = q.shape[2], k.shape[2]
-        acc_dtype = _accumulation_dtype(q.dtype)
+        acc_dtype = accumulation_dtype(q.dtype)
         dq, dk, dv = (torch.zeros_like(t, dtype=acc_dtype) for t in (q, k, v))
         delta = (d_out.to(acc_dtype) * out.to(acc_dtype)).sum(-1)  # D = rowsum(dO * O)
         for i in range(0, n_q, block_q):

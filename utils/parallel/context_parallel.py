@@ -39,7 +39,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from utils.attention.flash_reference import _accumulation_dtype, check_qkv
+from utils.attention.flash_reference import accumulation_dtype, check_qkv
 from utils.validate import (
     check_element_size,
     check_nonnegative,
@@ -252,7 +252,7 @@ class RingAttention(torch.autograd.Function):
         p, r, right, left = _ring_info(group)
         seq = q.shape[2] * p
         pos = [positions(seq, i, p, layout) for i in range(p)]
-        acc_dtype = _accumulation_dtype(q.dtype)
+        acc_dtype = accumulation_dtype(q.dtype)
         qa, g = q.to(acc_dtype), q.shape[1] // k.shape[1]
         m = torch.full(q.shape[:3], -math.inf, dtype=acc_dtype, device=q.device)
         l, acc = torch.zeros_like(m), torch.zeros_like(qa)
@@ -291,7 +291,7 @@ class RingAttention(torch.autograd.Function):
         causal, scale, layout, group = ctx.args
         p, r, right, left = _ring_info(group)
         pos = [positions(q.shape[2] * p, i, p, layout).to(q.device) for i in range(p)]
-        acc_dtype = _accumulation_dtype(q.dtype)
+        acc_dtype = accumulation_dtype(q.dtype)
         qa, do, g = q.to(acc_dtype), d_out.to(acc_dtype), q.shape[1] // k.shape[1]
         delta = (do * out.to(acc_dtype)).sum(-1)  # D = rowsum(dO * O)
         dq = torch.zeros_like(qa)
