@@ -176,3 +176,55 @@ def test_bad_models_raise_value_error():
     tied[1].weight = tied[0].weight
     with pytest.raises(ValueError, match="shared"):
         FullyShardedDataParallel(tied)
+
+
+def _token_model() -> nn.Sequential:
+    """Embedding (sharded), LayerNorm (replicated), Linear (sharded): every kind of unit and a replicated module."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Embedding(11, 6), nn.LayerNorm(6), nn.Linear(6, 3))
+
+
+def _token_batch(rank, world_size, step):
+    gen = torch.Generator().manual_seed(100 + step)
+    tokens, targets = torch.randint(0, 11, (12,), generator=gen), torch.randn(12, 3, generator=gen)
+    return harness.batch_shard(tokens, rank, world_size), harness.batch_shard(targets, rank, world_size)
+
+
+def _train_tokens(rank, world_size, compute_dtype=None):
+    fsdp = FullyShardedDataParallel(_token_model(), compute_dtype=compute_dtype, prefetch=True)
+    opt = torch.optim.Adam(fsdp.parameters(), lr=CONFIG.lr)
+    dtypes = set()
+    for step in range(3):
+        tokens, targets = _token_batch(rank, world_size, step)
+        F.mse_loss(fsdp(tokens), targets).backward()
+        fsdp.finish_gradient_synchronization()
+        dtypes |= {p.grad.dtype for p in fsdp.parameters()}
+        opt.step()
+        opt.zero_grad()
+    return fsdp.gather_full_params(), dtypes, (fsdp.n_all_gathers, fsdp.n_reduce_scatters)
+
+
+def test_embedding_units_and_mixed_precision_with_replicated_modules():
+    master = _token_model()
+    opt = torch.optim.Adam(master.parameters(), lr=CONFIG.lr)
+    for step in range(3):
+        per_rank = []
+        for r in range(2):
+            master.zero_grad()
+            F.mse_loss(master(_token_batch(r, 2, step)[0]), _token_batch(r, 2, step)[1]).backward()
+            per_rank.append([p.grad.clone() for p in master.parameters()])
+        for i, p in enumerate(master.parameters()):
+            p.grad = sum(g[i] for g in per_rank) / 2
+        opt.step()
+    exact = {k: v.detach() for k, v in master.named_parameters()}
+    for weights, dtypes, counts in launch(_train_tokens, 2, timeout=120):
+        assert list(weights) == list(exact) and dtypes == {torch.float32} and counts == (2 * 2 * 3, 2 * 3)
+        for name in exact:
+            assert torch.equal(weights[name], exact[name]), name
+    for weights, dtypes, _ in launch(_train_tokens, 2, torch.bfloat16, timeout=120):  # LayerNorm runs in fp32
+        assert dtypes == {torch.float32}
+        # Adam's steps are ~lr = 0.01 per element whatever the gradient's size, so bf16 rounding shows as a
+        # small fraction of one step (measured 4e-4); 2e-3 is a fifth of a step, far below a wrong sign (2e-2).
+        torch.testing.assert_close(weights, exact, rtol=0.0, atol=2e-3)
+        assert not all(torch.equal(weights[k], exact[k]) for k in exact)  # it did compute in bf16
