@@ -6,7 +6,7 @@ Models" (arXiv:1910.02054), section 5.3 (P_os+g+p): each rank stores only its
 just before its forward and again before its backward, and dropped right after,
 so model states per rank fall to ``(2 + 2 + K) Psi / N_d`` (their Figure 1). PyTorch's
 FSDP (Zhao et al., "PyTorch FSDP: Experiences on Scaling Fully Sharded Data
-Parallel", arXiv:2304.11277, sections 3.2 and 3.3) does the same per *unit*, one
+Parallel", arXiv:2304.11277, section 3) does the same per *unit*, one
 flat buffer per wrapped module, with the gradients reduce-scattered after each
 unit's backward; this is that design, small enough to read.
 
