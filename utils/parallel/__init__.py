@@ -19,6 +19,8 @@ ring_allreduce_time``; nothing is re-exported here):
   stream, with and without prefetch, and the memory it holds over time;
 - :mod:`utils.parallel.fsdp_costs`: hybrid sharding's (HSDP) memory and traffic, and the bytes of
   FSDP2's mixed-precision policy;
+- :mod:`utils.parallel.fsdp`: ZeRO-3 built from forward and backward hooks (gather, free, reduce-scatter
+  per unit; mixed precision; prefetch), the reference for lab 03's third stage;
 - :mod:`utils.parallel.zero`: ZeRO-2, each gradient reduce-scattered from a backward hook;
 - :mod:`utils.parallel.harness`: a tiny training run on one process or on N
   ranks with any strategy (ours, PyTorch DDP, FSDP2), the labs' yardstick;
@@ -74,7 +76,7 @@ ring_allreduce_time``; nothing is re-exported here):
 Used by the chapters of ``chapters/02-parallelism/``: 01 why many GPUs
 (training, memory), 02 collectives (network, bandwidth), 03 DP and DDP
 (data_parallel, network, bandwidth, overlap), 04 ZeRO and FSDP (memory,
-data_parallel, fsdp_schedule, fsdp_costs, overlap), 05 GPU networking (topology, wiring, bandwidth, network), 06
+data_parallel, fsdp, fsdp_schedule, fsdp_costs, overlap), 05 GPU networking (topology, wiring, bandwidth, network), 06
 tensor parallelism (tensor_parallel, sequence_parallel, saved_activations, paper_layer,
 vocab_parallel, head_sharding, dropout_rng, memory, network), 07 pipeline parallelism
 (pipeline, zero_bubble, pipeline_plots), 08 activation memory (activations,
@@ -83,7 +85,7 @@ fp8_scaling, precision_plots, memory), 10 planning a training run (planner, stag
 transformer_costs, published_runs, planner_plots, memory, network);
 by the labs of ``labs/02-parallelism/``: 01 ring all-reduce (collectives,
 network), 02 DDP from scratch (data_parallel, harness, network), 03 ZeRO and
-FSDP (data_parallel, zero, harness, memory), 04 tensor-parallel MLP
+FSDP (data_parallel, zero, fsdp, harness, memory), 04 tensor-parallel MLP
 (tensor_parallel, sequence_parallel, vocab_parallel), 05 pipeline schedules (pipeline,
 pipeline_exec, pipeline_plots, zero_bubble), 06 activation checkpointing (activations,
 recompute_flops, memory), 07 loss scaling (loss_scaling, precision, precision_plots); and by the multi-process
