@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.parallel import value_error_messages
 from utils.dist import launch
 from utils.parallel.context_parallel import (
     chunk_ids,
@@ -83,19 +84,13 @@ def test_one_rank_is_plain_attention():
 
 
 def _bad_calls(rank, world_size):
-    errors = []
     q = torch.randn(1, 2, 3, 4, dtype=torch.float64)  # 3 tokens per rank: 6 in all, not 4 zigzag chunks
-    for call in (lambda: ring_attention(q, q, q, causal=True, layout="zigzag"),
-                 lambda: ring_attention(q, q, q, layout="striped"),
-                 lambda: ring_attention(q, q[:, :, :2], q[:, :, :2]),
-                 lambda: ring_attention(q[0], q[0], q[0]),
-                 lambda: ring_attention(q.repeat(1, 2, 1, 1)[:, :3], q, q)):  # 2 KV heads do not divide 3 query heads
-        try:
-            call()
-            errors.append(None)
-        except ValueError as exc:
-            errors.append(str(exc))
-    return errors
+    return value_error_messages([
+        lambda: ring_attention(q, q, q, causal=True, layout="zigzag"),
+        lambda: ring_attention(q, q, q, layout="striped"),
+        lambda: ring_attention(q, q[:, :, :2], q[:, :, :2]),
+        lambda: ring_attention(q[0], q[0], q[0]),
+        lambda: ring_attention(q.repeat(1, 2, 1, 1)[:, :3], q, q)])  # 2 KV heads do not divide 3 query heads
 
 
 def test_ring_attention_rejects_bad_inputs_on_every_rank():
