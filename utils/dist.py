@@ -191,11 +191,12 @@ def _hung_stacks(processes: Sequence[mp.process.BaseProcess], stack_files: Seque
     return "\n".join(parts)
 
 
-def _raise_root_cause(first: tuple, results: Any) -> None:
+def _raise_root_cause(first: tuple, results: Any, processes: Sequence[mp.process.BaseProcess] = ()) -> None:
     """Raise a WorkerError for the earliest error among ``first`` and any that arrive soon after.
 
     When one rank raises, its peers usually fail a moment later with "connection
-    closed by peer"; the earliest error is the one worth reading.
+    closed by peer"; the earliest error is the one worth reading. A rank of
+    ``processes`` that died without reporting (a nonzero exit code) comes first.
     """
     errors = [first]
     deadline = time.monotonic() + _GRACE_SECONDS
@@ -206,6 +207,16 @@ def _raise_root_cause(first: tuple, results: Any) -> None:
             continue
         if message[1] == "error":
             errors.append(message)
+    reported = {m[0] for m in errors}
+    # A worker that reports an error returns normally (exit code 0); one that died without a word
+    # (os._exit, a signal, a crash) is the likelier root cause than its peers' "connection closed".
+    crashed = [(rank, p.exitcode) for rank, p in enumerate(processes)
+               if rank not in reported and not p.is_alive() and p.exitcode not in (0, None)]
+    if crashed:
+        rank, code = crashed[0]
+        others = sorted(reported)
+        raise WorkerError(rank, f"process exited with code {code} without returning a result"
+                          + (f"\n(ranks {others} failed after it)" if others else ""))
     rank, _, text, worker_traceback, _ = min(errors, key=lambda m: m[4])
     others = sorted(m[0] for m in errors if m[0] != rank)
     if others:
@@ -276,7 +287,7 @@ def launch(
                 message = None
             if message is not None:
                 if message[1] == "error":
-                    _raise_root_cause(message, results)
+                    _raise_root_cause(message, results, processes)
                 outputs[message[0]] = pickle.loads(message[2])
                 continue
             for rank, p in enumerate(processes):
@@ -288,7 +299,7 @@ def launch(
                         raise WorkerError(rank, f"process exited with code {p.exitcode} "
                                                 "without returning a result") from None
                     if late[1] == "error":
-                        _raise_root_cause(late, results)
+                        _raise_root_cause(late, results, processes)
                     outputs[late[0]] = pickle.loads(late[2])
                     break
             if time.monotonic() > deadline:

@@ -23,6 +23,18 @@ from utils.parallel import harness
 from utils.parallel.fsdp import FullyShardedDataParallel
 
 CONFIG = harness.TrainConfig(n_steps=4, optimizer="adam", lr=0.01, batch_size=24)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Bitwise comparisons need the same reduction order on both sides: one intra-op thread here, as on the ranks.
+
+    (A CPU kernel such as LayerNorm's sums in another order with two threads than with one.)
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 FEW_ULPS = dict(rtol=0.0, atol=2e-7)  # fp32 weights of size ~0.5, ulp 6e-8 (measured: 7.5e-8 on 3 ranks)
 
 
@@ -66,6 +78,7 @@ def _one_process(world_size, make_model=lambda: harness.make_mlp(CONFIG), comput
 
 
 def _train(rank, world_size, compute_dtype=None, prefetch=False, make_model=lambda: harness.make_mlp(CONFIG)):
+    torch.set_num_threads(1)  # as the one-process reference (the one_thread fixture), under fork or spawn
     fsdp = FullyShardedDataParallel(make_model(), compute_dtype=compute_dtype, prefetch=prefetch)
     opt = torch.optim.Adam(fsdp.parameters(), lr=CONFIG.lr)
     per_step, grads_ok, losses, replicated_grads = [], True, [], []
@@ -192,6 +205,7 @@ def _token_batch(rank, world_size, step):
 
 
 def _train_tokens(rank, world_size, compute_dtype=None):
+    torch.set_num_threads(1)
     fsdp = FullyShardedDataParallel(_token_model(), compute_dtype=compute_dtype, prefetch=True)
     opt = torch.optim.Adam(fsdp.parameters(), lr=CONFIG.lr)
     dtypes = set()
