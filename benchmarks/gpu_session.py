@@ -12,7 +12,9 @@ Steps, in order (``--steps`` picks some), each a child process stopped at the sh
 2. ``sweep``: ``python -m benchmarks.hopper_kernels --sweep-only OUT/hopper_sweep.txt``: tiles, warps and
    stages of the persistent matmul (fp16, fp8) and of the FlashAttention forward and backward;
 3. ``record``: ``python -m benchmarks --record OUT``: every harness case, ``OUT/<gpu>.json`` and its roofline;
-4. ``notebooks``: ``python -m benchmarks.notebooks`` over every notebook, ``--jobs`` at a time; the summary
+4. ``profile``: Nsight Compute (``ncu``, where installed) over one launch of the TMA FlashAttention forward
+   and of SDPA's cuDNN attention (``benchmarks.profile_flash``), to ``OUT/profile.txt``;
+5. ``notebooks``: ``python -m benchmarks.notebooks`` over every notebook, ``--jobs`` at a time; the summary
    to ``OUT/notebooks.txt`` and the logs to ``OUT/notebook-logs.tar.gz``.
 
 Everything printed also goes to ``OUT/session.log``. The exit code is 0 when every step ran to the end and
@@ -23,13 +25,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
 import time
 from pathlib import Path
 
-STEPS = ("env", "sweep", "record", "notebooks")
+STEPS = ("env", "sweep", "record", "profile", "notebooks")
 
 
 def _run(cmd: list[str], log, deadline: float, reserve: float = 0.0) -> int:
@@ -91,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     with open(out / "session.log", "w") as log:
         if "env" in args.steps:
             info = subprocess.run("nvidia-smi; python3 -c 'import torch, triton, sys; print(sys.version); "
-                                  "print(torch.__version__, torch.version.cuda, triton.__version__)'",
+                                  "print(torch.__version__, torch.version.cuda, triton.__version__)'; "
+                                  "echo profilers: $(command -v ncu nsys)",
                                   shell=True, capture_output=True, text=True, timeout=60)
             (out / "env.txt").write_text(info.stdout + info.stderr)
             print(info.stdout[-1500:], flush=True)
@@ -107,6 +111,18 @@ def main(argv: list[str] | None = None) -> int:
         if "record" in args.steps:
             codes["record"] = _run([py, "-m", "benchmarks", "--record", str(out)] + extra, log, deadline,
                                    reserve=120 if "notebooks" in args.steps else 0)
+        if "profile" in args.steps:
+            if args.allow_cpu:
+                print("profile: needs a GPU, skipped with --allow-cpu", flush=True)
+            else:
+                ncu = shutil.which("ncu")
+                cmd = [py, "-m", "benchmarks.profile_flash"]
+                if ncu:
+                    cmd = [ncu, "--nvtx", "--nvtx-include", "tma_forward/", "--nvtx-include", "cudnn_forward/",
+                           "--section", "SpeedOfLight", "--section", "ComputeWorkloadAnalysis", "--section",
+                           "WarpStateStats", "--section", "SchedulerStats", "--section", "InstructionStats"] + cmd
+                with open(out / "profile.txt", "w") as profile:
+                    codes["profile"] = _run(cmd, profile, deadline, reserve=240 if "notebooks" in args.steps else 0)
         if "notebooks" in args.steps:
             log_dir = Path("_build/notebook-logs")
             remaining = deadline - time.time() - 10

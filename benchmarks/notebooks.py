@@ -148,11 +148,12 @@ NOT_STARTED = -1
 """The exit code reported for a notebook that ``--deadline`` left unstarted."""
 
 
-def _run_in_subprocess(path: str, timeout: float, log_dir: Path, deadline: float = float("inf")
-                       ) -> tuple[str, int, float, str]:
+def _run_in_subprocess(path: str, timeout: float, log_dir: Path, deadline: float = float("inf"),
+                       threads: int | None = None) -> tuple[str, int, float, str]:
     """Run one notebook in a child process; return (path, exit code, seconds, log file). Code 124: timed out;
     :data:`NOT_STARTED`: the ``deadline`` (a ``time.time()``) had passed; a notebook running at the deadline is
-    stopped there."""
+    stopped there. ``threads`` sets the child's ``OMP_NUM_THREADS`` (unless the caller's environment does), so
+    that notebooks run side by side do not each start a thread per core."""
     log = log_dir / (path.replace("/", "_") + ".log")
     start = time.time()
     if start >= deadline:
@@ -160,6 +161,8 @@ def _run_in_subprocess(path: str, timeout: float, log_dir: Path, deadline: float
     timeout = min(timeout, deadline - start)
     with open(log, "w") as f:
         env = os.environ | {"PYTHONUNBUFFERED": "1", "MPLBACKEND": "agg", "BOOK_BATCH_EXECUTION": "1"}
+        if threads and "OMP_NUM_THREADS" not in os.environ:
+            env["OMP_NUM_THREADS"] = str(threads)
         proc = subprocess.Popen([sys.executable, "-m", "benchmarks.notebooks", "--one", path], stdout=f,
                                 stderr=subprocess.STDOUT, env=env)
         try:
@@ -205,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     deadline = time.time() + args.deadline if args.deadline else float("inf")
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
     with ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(lambda p: _run_in_subprocess(p, args.timeout, log_dir, deadline), paths))
+        results = list(pool.map(lambda p: _run_in_subprocess(p, args.timeout, log_dir, deadline, threads), paths))
     failed = [(path, code, log) for path, code, _, log in results if code != 0]
     for path, code, seconds, _ in results:
         status = "ok  " if code == 0 else ("SKIP" if code == NOT_STARTED else "FAIL")
