@@ -5,7 +5,7 @@
 all-reduce; the whole gathered or scattered array of the other two, as nccl-tests counts it), timed as the
 median over ``repeats`` runs of the slowest rank, with a barrier and a device synchronisation around each.
 The rate is the bus bandwidth, ``algbw * factor`` (nccl-tests' doc/PERFORMANCE.md:
-:func:`utils.parallel.bandwidth.bus_bandwidth`), compared with the NVLink bandwidth per direction from the
+:func:`utils.parallel.comm.bandwidth.bus_bandwidth`), compared with the NVLink bandwidth per direction from the
 datasheet (:mod:`utils.gpu.hardware`, half of its bidirectional total). With one GPU there is nothing to
 measure and the harness says so. ``--allow-cpu`` runs two gloo processes on tiny messages as a smoke test.
 """
@@ -22,7 +22,7 @@ from benchmarks.common import Result
 from utils.dist import launch
 from utils.dist_policy import worker_device
 from utils.gpu.hardware import GpuSpec
-from utils.parallel.bandwidth import algorithm_bandwidth, bus_bandwidth
+from utils.parallel.comm.bandwidth import algorithm_bandwidth, bus_bandwidth
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 FULL_BYTES, QUICK_BYTES, CPU_SMOKE_BYTES = 2**30, 2**26, 2**16

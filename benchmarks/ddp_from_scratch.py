@@ -1,7 +1,7 @@
 """Benchmark of the lab "DDP from scratch": per-parameter all-reduce, buckets, PyTorch DDP.
 
-Each version of data parallelism in :mod:`utils.parallel.data_parallel` trains
-the same MLP on N ranks (through :func:`utils.parallel.harness.train_data_parallel`);
+Each version of data parallelism in :mod:`utils.parallel.data.data_parallel` trains
+the same MLP on N ranks (through :func:`utils.parallel.data.harness.train_data_parallel`);
 each is checked against one process trained on the full batch
 (``torch.testing.assert_close``), then rank 0 prints its all-reduce calls per
 step and its median step time (of the slowest rank, first step excluded).
@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from utils.dist import NCCL_BACKEND, default_backend, launch, torchrun_main
 from utils.dist_policy import worker_device
-from utils.parallel import harness
+from utils.parallel.data import harness
 
 TOLERANCE = dict(rtol=1e-4, atol=1e-5)  # fp32 sums in another order; Adam amplifies them a little
 

@@ -1,7 +1,7 @@
 """Benchmark of pipeline schedules: measured bubble of GPipe and 1F1B against the closed form (p-1)/(m+p-1).
 
 Each rank is one stage of an MLP of ``--n-layers`` square layers (width
-``--width``); :func:`utils.parallel.pipeline_exec.run_schedule` runs the
+``--width``); :func:`utils.parallel.model.pipeline_exec.run_schedule` runs the
 schedule's per-stage order with send/recv of activations and gradients. Each
 schedule is first checked against one process (same gradients), then timed
 ``--repeats`` times; rank 0 prints the median measured bubble
@@ -32,8 +32,8 @@ from torch import nn
 
 from utils.dist import NCCL_BACKEND, default_backend, launch, torchrun_main
 from utils.dist_policy import worker_device
-from utils.parallel import pipeline as pp
-from utils.parallel.pipeline_exec import measured_bubble_fraction, run_schedule, split_layers
+from utils.parallel.model import pipeline as pp
+from utils.parallel.model.pipeline_exec import measured_bubble_fraction, run_schedule, split_layers
 
 KINDS = ("gpipe", "1f1b")
 

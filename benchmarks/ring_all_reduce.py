@@ -24,8 +24,8 @@ import torch.distributed as dist
 from benchmarks.collectives import median_collective_seconds
 from utils.dist import launch, torchrun_main
 from utils.dist_policy import worker_device
-from utils.parallel.bandwidth import algorithm_bandwidth, allreduce_bus_bandwidth
-from utils.parallel.collectives import ring_all_reduce
+from utils.parallel.comm.bandwidth import algorithm_bandwidth, allreduce_bus_bandwidth
+from utils.parallel.comm.collectives import ring_all_reduce
 
 
 def bench_worker(rank: int, world_size: int, sizes_bytes: list[int], repeats: int) -> list[dict]:

@@ -2,7 +2,7 @@
 
 Every rank builds the same stack of ``--layers`` transformer MLPs (hidden ``h``,
 ``4h`` inside), then its tensor-parallel version
-(:class:`utils.parallel.tensor_parallel.TensorParallelMLP`: ``fc1``
+(:class:`utils.parallel.model.tensor_parallel.TensorParallelMLP`: ``fc1``
 column-parallel, ``fc2`` row-parallel). Before timing, one forward and backward
 in fp32 is checked against the full stack on the same rank (output, input
 gradient, every weight gradient slice; ``torch.testing.assert_close``), and the
@@ -36,7 +36,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 from utils.dist import NCCL_BACKEND, default_backend, launch, torchrun_main
 from utils.dist_policy import worker_device
 from utils.parallel.memory import tensor_parallel_allreduce_bytes_per_layer
-from utils.parallel.tensor_parallel import MLP, TensorParallelMLP
+from utils.parallel.model.tensor_parallel import MLP, TensorParallelMLP
 
 TOLERANCE = dict(rtol=1e-4, atol=1e-5)  # fp32, sums in another order
 

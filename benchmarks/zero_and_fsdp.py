@@ -1,6 +1,6 @@
 """Benchmark of the lab "ZeRO-1 from scratch, then FSDP2": bytes per rank and step time.
 
-Plain data parallelism with Adam, :class:`utils.parallel.data_parallel.ZeroOneOptimizer`
+Plain data parallelism with Adam, :class:`utils.parallel.data.data_parallel.ZeroOneOptimizer`
 (ZeRO stage 1) and FSDP2's ``fully_shard`` (ZeRO stage 3) train the same MLP;
 each is checked against one process on the full batch, and rank 0 prints the
 bytes each rank holds next to the ZeRO formula (arXiv:1910.02054, Figure 1,
@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from benchmarks.ddp_from_scratch import check_and_report, parse_args, run
-from utils.parallel import harness
+from utils.parallel.data import harness
 from utils.parallel.memory import zero_model_state_bytes
 
 K = 8  # fp32 Adam: momentum and variance, 4 bytes each

@@ -5,7 +5,7 @@ import pytest
 from benchmarks import collectives
 from utils import device
 from utils.gpu.hardware import spec
-from utils.parallel.bandwidth import bus_bandwidth_factor
+from utils.parallel.comm.bandwidth import bus_bandwidth_factor
 
 
 @pytest.mark.skipif(device.HAS_CUDA, reason="the gloo smoke mode is for machines without a GPU")

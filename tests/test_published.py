@@ -3,7 +3,8 @@
 import pytest
 
 from utils.gpu import memory_hierarchy
-from utils.parallel import memory, topology, training
+from utils.parallel import memory, training
+from utils.parallel.comm import topology
 from utils.published import KINDS, Published
 
 

@@ -4,12 +4,12 @@ The book checks its formulas against numbers printed by vendors and papers,
 and each such number travels with its unit and its source, so a page can cite
 it (CONVENTIONS: "Published numbers live in one table with their source").
 The tables: :data:`utils.parallel.training.PUBLISHED` (training runs),
-:data:`utils.parallel.topology.PUBLISHED` (switches, nodes, clusters),
+:data:`utils.parallel.comm.topology.PUBLISHED` (switches, nodes, clusters),
 :data:`utils.gpu.memory_hierarchy.PUBLISHED` (per-GPU memory figures the spec
 table does not hold), :data:`utils.parallel.memory.ZERO_PAPER_FIGURES`,
-:data:`utils.parallel.activations.PUBLISHED` (activation memory),
-:data:`utils.parallel.precision.PUBLISHED` (floating-point formats),
-:mod:`utils.parallel.published_runs` (Megatron-LM and Llama 3 layouts and
+:data:`utils.parallel.model.activations.PUBLISHED` (activation memory),
+:data:`utils.parallel.mixed_precision.precision.PUBLISHED` (floating-point formats),
+:mod:`utils.parallel.planning.published_runs` (Megatron-LM and Llama 3 layouts and
 throughput) and :data:`utils.attention.allocation.VLLM_TOKEN_STATE_SHARE`.
 GPU specifications themselves live in :data:`utils.gpu.hardware.GPUS`, whose
 entries carry their sources too.

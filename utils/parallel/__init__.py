@@ -1,76 +1,79 @@
 """Part 2, parallelism: training on many GPUs, the collectives it needs and the networks that carry them.
 
-Modules (import each by its path, e.g. ``from utils.parallel.network import
-ring_allreduce_time``; nothing is re-exported here):
+Modules, grouped by chapter cluster: ``comm`` (collectives and networks), ``data`` (DDP, ZeRO,
+FSDP), ``model`` (tensor, sequence and pipeline parallelism, activation memory), ``mixed_precision``,
+``planning`` and ``frontier`` (part 2c); ``training`` and ``memory``, which every chapter uses, stay at
+the top. Import each by its path, e.g. ``from utils.parallel.comm.network import
+ring_allreduce_time``; nothing is re-exported here:
 
 - :mod:`utils.parallel.training`: training FLOPs (6ND), training time, MFU;
-- :mod:`utils.parallel.collectives`: the ring all-reduce built from send/recv;
-- :mod:`utils.parallel.network`: alpha-beta cost models of all-reduce, on one
+- :mod:`utils.parallel.comm.collectives`: the ring all-reduce built from send/recv;
+- :mod:`utils.parallel.comm.network`: alpha-beta cost models of all-reduce, on one
   level and across NVLink and a scale-out fabric;
-- :mod:`utils.parallel.bandwidth`: link rates in Gb/s to bytes/s, and
+- :mod:`utils.parallel.comm.bandwidth`: link rates in Gb/s to bytes/s, and
   nccl-tests' algorithm and bus bandwidth;
-- :mod:`utils.parallel.topology`: switch fabrics (Clos, fat tree), their size
+- :mod:`utils.parallel.comm.topology`: switch fabrics (Clos, fat tree), their size
   and cost, and the published figures of real ones;
-- :mod:`utils.parallel.wiring`: every cable of a small fabric, shortest paths,
+- :mod:`utils.parallel.comm.wiring`: every cable of a small fabric, shortest paths,
   ECMP collisions;
-- :mod:`utils.parallel.data_parallel`: gradient all-reduce, DDP's bucketing
+- :mod:`utils.parallel.data.data_parallel`: gradient all-reduce, DDP's bucketing
   rule and bucketed DDP, ZeRO-1, bytes held per rank;
-- :mod:`utils.parallel.fsdp_schedule`: one FSDP step unit by unit on a compute and a communication
+- :mod:`utils.parallel.data.fsdp_schedule`: one FSDP step unit by unit on a compute and a communication
   stream, with and without prefetch, and the memory it holds over time;
-- :mod:`utils.parallel.fsdp_costs`: hybrid sharding's (HSDP) memory and traffic, and the bytes of
+- :mod:`utils.parallel.data.fsdp_costs`: hybrid sharding's (HSDP) memory and traffic, and the bytes of
   FSDP2's mixed-precision policy;
-- :mod:`utils.parallel.fsdp`: ZeRO-3 built from forward and backward hooks (gather, free, reduce-scatter
+- :mod:`utils.parallel.data.fsdp`: ZeRO-3 built from forward and backward hooks (gather, free, reduce-scatter
   per unit; mixed precision; prefetch), the reference for lab 03's third stage;
-- :mod:`utils.parallel.zero`: ZeRO-2, each gradient reduce-scattered from a backward hook;
-- :mod:`utils.parallel.harness`: a tiny training run on one process or on N
+- :mod:`utils.parallel.data.zero`: ZeRO-2, each gradient reduce-scattered from a backward hook;
+- :mod:`utils.parallel.data.harness`: a tiny training run on one process or on N
   ranks with any strategy (ours, PyTorch DDP, FSDP2), the labs' yardstick;
 - :mod:`utils.parallel.memory`: ZeRO's model-state memory and traffic per GPU, activation bytes
   per layer (Korthikanti et al. 2022, Table 2), tensor parallelism's all-reduce size;
-- :mod:`utils.parallel.overlap`: how much of DDP's all-reduce hides behind backward, and the tokens
+- :mod:`utils.parallel.data.overlap`: how much of DDP's all-reduce hides behind backward, and the tokens
   per GPU above which DP and FSDP communication can hide at all;
-- :mod:`utils.parallel.tensor_parallel`: Megatron-LM tensor parallelism: f and g, column- and
+- :mod:`utils.parallel.model.tensor_parallel`: Megatron-LM tensor parallelism: f and g, column- and
   row-parallel linears, the tensor-parallel MLP and attention split by heads;
-- :mod:`utils.parallel.sequence_parallel`: sequence parallelism's all-gather / reduce-scatter
+- :mod:`utils.parallel.model.sequence_parallel`: sequence parallelism's all-gather / reduce-scatter
   along the sequence as autograd functions, the linear that saves only the sequence slice and
   all-gathers it again in backward, and the all-reduce of replicated (LayerNorm) gradients;
-- :mod:`utils.parallel.saved_activations`: the bytes autograd saves for backward, measured;
-- :mod:`utils.parallel.paper_layer`: the GPT layer Korthikanti et al. count, on one process and
+- :mod:`utils.parallel.model.saved_activations`: the bytes autograd saves for backward, measured;
+- :mod:`utils.parallel.model.paper_layer`: the GPT layer Korthikanti et al. count, on one process and
   tensor + sequence parallel (34/t, measured);
-- :mod:`utils.parallel.vocab_parallel`: the vocabulary-parallel embedding and cross-entropy;
-- :mod:`utils.parallel.head_sharding`: query and KV heads per tensor-parallel rank under GQA;
-- :mod:`utils.parallel.dropout_rng`: Megatron's dropout RNG tracker (shared and per-rank streams);
-- :mod:`utils.parallel.context_parallel`: ring attention over a ring of ranks (forward and backward),
+- :mod:`utils.parallel.model.vocab_parallel`: the vocabulary-parallel embedding and cross-entropy;
+- :mod:`utils.parallel.model.head_sharding`: query and KV heads per tensor-parallel rank under GQA;
+- :mod:`utils.parallel.model.dropout_rng`: Megatron's dropout RNG tracker (shared and per-rank streams);
+- :mod:`utils.parallel.frontier.context_parallel`: ring attention over a ring of ranks (forward and backward),
   contiguous and zigzag sequence sharding, causal work per rank, when K/V transfers hide;
-- :mod:`utils.parallel.pipeline`: pipeline schedules (GPipe, 1F1B, interleaved 1F1B)
+- :mod:`utils.parallel.model.pipeline`: pipeline schedules (GPipe, 1F1B, interleaved 1F1B)
   simulated, their bubble against the closed forms, micro-batches in flight;
-- :mod:`utils.parallel.zero_bubble`: zero-bubble schedules (Qi et al. 2024): 1F1B, ZB-H1 and ZB-H2 with
+- :mod:`utils.parallel.model.zero_bubble`: zero-bubble schedules (Qi et al. 2024): 1F1B, ZB-H1 and ZB-H2 with
   the backward split into B and W, their bubble and peak memory per stage;
-- :mod:`utils.parallel.pipeline_exec`: a schedule run for real, one stage per rank,
+- :mod:`utils.parallel.model.pipeline_exec`: a schedule run for real, one stage per rank,
   activations and gradients by send/recv, with busy time and stored bytes;
-- :mod:`utils.parallel.pipeline_plots`: Gantt charts and animations of schedules;
-- :mod:`utils.parallel.activations`: the tensors one GPT layer stores for backward, tensor by
+- :mod:`utils.parallel.model.pipeline_plots`: Gantt charts and animations of schedules;
+- :mod:`utils.parallel.model.activations`: the tensors one GPT layer stores for backward, tensor by
   tensor, and the first pipeline stage's activation memory (Korthikanti et al. 2022);
-- :mod:`utils.parallel.precision`: fp32, tf32, fp16, bf16 and FP8 formats derived from their
+- :mod:`utils.parallel.mixed_precision.precision`: fp32, tf32, fp16, bf16 and FP8 formats derived from their
   bit counts, a value's bit fields, model-state bytes per parameter of a training recipe;
-- :mod:`utils.parallel.loss_scaling`: dynamic loss scaling with GradScaler's rules, and a small
+- :mod:`utils.parallel.mixed_precision.loss_scaling`: dynamic loss scaling with GradScaler's rules, and a small
   model whose fp16 gradients underflow;
-- :mod:`utils.parallel.fp8_scaling`: FP8 casts with one scale per block (per tensor, DeepSeek-V3's
+- :mod:`utils.parallel.mixed_precision.fp8_scaling`: FP8 casts with one scale per block (per tensor, DeepSeek-V3's
   1x128 activation tiles and 128x128 weight blocks) and what the round trip loses;
-- :mod:`utils.parallel.recompute_flops`: FLOPs per iteration with and without recomputation
+- :mod:`utils.parallel.model.recompute_flops`: FLOPs per iteration with and without recomputation
   (Korthikanti et al., appendix A), as printed and corrected;
-- :mod:`utils.parallel.logits_memory`: the bytes of fp32 logits, and a chunked cross-entropy that
+- :mod:`utils.parallel.model.logits_memory`: the bytes of fp32 logits, and a chunked cross-entropy that
   never holds them all;
-- :mod:`utils.parallel.precision_plots`: bit layouts, format ranges, gradient histograms, loss
+- :mod:`utils.parallel.mixed_precision.precision_plots`: bit layouts, format ranges, gradient histograms, loss
   and loss-scale curves;
-- :mod:`utils.parallel.transformer_costs`: parameters and matmul FLOPs of a decoder-only
+- :mod:`utils.parallel.planning.transformer_costs`: parameters and matmul FLOPs of a decoder-only
   transformer (GQA, gated FFN);
-- :mod:`utils.parallel.planner`: memory per GPU and step time of a DP x TP x PP layout, fits or
+- :mod:`utils.parallel.planning.planner`: memory per GPU and step time of a DP x TP x PP layout, fits or
   not, MFU;
-- :mod:`utils.parallel.stage_memory`: bytes per GPU on each pipeline stage: model state, and the
+- :mod:`utils.parallel.model.stage_memory`: bytes per GPU on each pipeline stage: model state, and the
   activations in flight counted on Megatron's schedule (interleaving, unequal chunks);
-- :mod:`utils.parallel.published_runs`: Megatron-LM and Llama 3 runs with their layouts, and the
+- :mod:`utils.parallel.planning.published_runs`: Megatron-LM and Llama 3 runs with their layouts, and the
   planner against them;
-- :mod:`utils.parallel.planner_plots`: the device-mesh, plan and comparison figures of the
+- :mod:`utils.parallel.planning.planner_plots`: the device-mesh, plan and comparison figures of the
   planning chapter.
 
 Used by the chapters of ``chapters/02-parallelism/``: 01 why many GPUs

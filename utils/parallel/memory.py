@@ -192,7 +192,7 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, n_he
     of an extra all-gather, and does not count that); with sequence
     parallelism the layer's input already is split along the sequence
     (``s/t`` rows on each GPU), so we return ``2sbh/t`` there. Dropout masks
-    are one byte per element, as in the paper; `utils.parallel.activations`
+    are one byte per element, as in the paper; `utils.parallel.model.activations`
     lists the tensors one by one.
     """
     s = check_positive_int("seq_len", seq_len)

@@ -154,7 +154,7 @@ class StepTime:
 
 NIC_BANDWIDTH = 50e9
 """Bytes/s per GPU, one direction, between nodes: one 400 Gb/s NDR InfiniBand NIC per GPU (as
-:class:`utils.parallel.planner.Cluster`'s default)."""
+:class:`utils.parallel.planning.planner.Cluster`'s default)."""
 
 
 def link_bandwidth(gpu: str = "H100-SXM", n_gpus: int = 8, gpus_per_node: int = 8) -> float:

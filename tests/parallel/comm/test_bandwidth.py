@@ -1,10 +1,10 @@
-"""utils.parallel.bandwidth: link-rate conversion and nccl-tests' algorithm and bus bandwidth."""
+"""utils.parallel.comm.bandwidth: link-rate conversion and nccl-tests' algorithm and bus bandwidth."""
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from utils.parallel.bandwidth import (
+from utils.parallel.comm.bandwidth import (
     COLLECTIVES,
     algorithm_bandwidth,
     allreduce_bus_bandwidth,
@@ -12,7 +12,7 @@ from utils.parallel.bandwidth import (
     bus_bandwidth_factor,
     gbit_per_s_to_bytes_per_s,
 )
-from utils.parallel.network import ring_allreduce_time
+from utils.parallel.comm.network import ring_allreduce_time
 
 BW = 100e9  # 100 GB/s per direction
 

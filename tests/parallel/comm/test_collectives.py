@@ -1,11 +1,11 @@
-"""utils.parallel.collectives: the ring all-reduce at odd sizes, odd world sizes, subgroups."""
+"""utils.parallel.comm.collectives: the ring all-reduce at odd sizes, odd world sizes, subgroups."""
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from utils.dist import launch
-from utils.parallel.collectives import chunk_bounds, ring_all_reduce
+from utils.parallel.comm.collectives import chunk_bounds, ring_all_reduce
 
 SHAPES = [(1,), (2,), (3,), (5,), (7,), (13,), (1000,), (3, 5), (2, 3, 7)]
 

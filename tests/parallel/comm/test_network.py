@@ -1,4 +1,4 @@
-"""utils.parallel.network: the alpha-beta cost models of all-reduce, one level and two."""
+"""utils.parallel.comm.network: the alpha-beta cost models of all-reduce, one level and two."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from utils.parallel.network import (
+from utils.parallel.comm.network import (
     ALLREDUCE_COST_MODELS,
     allreduce_lower_bound_time,
     direct_allreduce_time,

@@ -1,4 +1,4 @@
-"""utils.parallel.topology: fabric sizes against closed forms and published tables."""
+"""utils.parallel.comm.topology: fabric sizes against closed forms and published tables."""
 
 import pytest
 from hypothesis import assume, given, settings
@@ -6,8 +6,8 @@ from hypothesis import strategies as st
 
 from utils.gpu import memory_hierarchy
 from utils.gpu.hardware import spec
-from utils.parallel.bandwidth import gbit_per_s_to_bytes_per_s
-from utils.parallel.topology import (
+from utils.parallel.comm.bandwidth import gbit_per_s_to_bytes_per_s
+from utils.parallel.comm.topology import (
     PUBLISHED,
     SUPERPOD_COMPUTE_FABRIC,
     clos,

@@ -1,4 +1,4 @@
-"""utils.parallel.wiring: every cable of a small fabric, the paths through it, and ECMP collisions."""
+"""utils.parallel.comm.wiring: every cable of a small fabric, the paths through it, and ECMP collisions."""
 
 import random
 from collections import Counter
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from utils.parallel.topology import clos, fat_tree, max_hosts, worst_case_hops
-from utils.parallel.wiring import ecmp_expected_busy_paths, shortest_path, wiring
+from utils.parallel.comm.topology import clos, fat_tree, max_hosts, worst_case_hops
+from utils.parallel.comm.wiring import ecmp_expected_busy_paths, shortest_path, wiring
 
 
 @given(st.sampled_from([4, 6, 8, 10, 12]), st.sampled_from([1.0, 2.0, 3.0]), st.data())

@@ -1,4 +1,4 @@
-"""utils.parallel.data_parallel: gradient buckets from hooks, the bucketing rule, ZeRO-1's shards.
+"""utils.parallel.data.data_parallel: gradient buckets from hooks, the bucketing rule, ZeRO-1's shards.
 
 The training runs that check each strategy against one process are in test_harness.py.
 """
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from utils.dist import launch
-from utils.parallel import data_parallel as dp
-from utils.parallel.harness import TrainConfig, make_mlp
+from utils.parallel.data import data_parallel as dp
+from utils.parallel.data.harness import TrainConfig, make_mlp
 
 SGD = TrainConfig(n_steps=4)
 needs_private_api = pytest.mark.skipif(not hasattr(torch.distributed, "_compute_bucket_assignment_by_size"),

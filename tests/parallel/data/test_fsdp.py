@@ -1,4 +1,4 @@
-"""utils.parallel.fsdp: ZeRO-3 trains like one process, gathers each unit twice per step, holds 1 (or 2) units.
+"""utils.parallel.data.fsdp: ZeRO-3 trains like one process, gathers each unit twice per step, holds 1 (or 2) units.
 
 Exactness. One process on the whole batch is not bitwise reproducible by N ranks: each
 rank's GEMM sums the weight gradient over its own rows, and the N partial sums are then
@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from utils.dist import launch
-from utils.parallel import harness
-from utils.parallel.fsdp import FullyShardedDataParallel
+from utils.parallel.data import harness
+from utils.parallel.data.fsdp import FullyShardedDataParallel
 
 CONFIG = harness.TrainConfig(n_steps=4, optimizer="adam", lr=0.01, batch_size=24)
 

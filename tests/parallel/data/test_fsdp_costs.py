@@ -1,8 +1,8 @@
-"""utils.parallel.fsdp_costs: HSDP and FSDP2's mixed precision against ZeRO's formulas at their limits."""
+"""utils.parallel.data.fsdp_costs: HSDP and FSDP2's mixed precision against ZeRO's formulas at their limits."""
 
 import pytest
 
-from utils.parallel.fsdp_costs import fsdp_mixed_precision_bytes, hsdp_model_state_bytes, hsdp_traffic_bytes
+from utils.parallel.data.fsdp_costs import fsdp_mixed_precision_bytes, hsdp_model_state_bytes, hsdp_traffic_bytes
 from utils.parallel.memory import zero_communication_volume, zero_model_state_bytes
 
 PSI, N = 7.5e9, 64

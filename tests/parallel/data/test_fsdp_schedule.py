@@ -1,8 +1,8 @@
-"""utils.parallel.fsdp_schedule: the FSDP step's timeline against hand formulas and its own invariants."""
+"""utils.parallel.data.fsdp_schedule: the FSDP step's timeline against hand formulas and its own invariants."""
 
 import pytest
 
-from utils.parallel.fsdp_schedule import peak_bytes_formula, simulate_fsdp_step
+from utils.parallel.data.fsdp_schedule import peak_bytes_formula, simulate_fsdp_step
 
 U, N = 1e6, 8  # parameters per unit, GPUs
 

@@ -1,4 +1,4 @@
-"""utils.parallel.harness: N ranks must train the same model as one process on the full batch.
+"""utils.parallel.data.harness: N ranks must train the same model as one process on the full batch.
 
 Multi-process tests run every strategy on gloo in one launch per world size,
 and compare with :func:`train_single_process`.
@@ -12,8 +12,8 @@ import torch
 import torch.distributed.fsdp  # noqa: F401  (imported once here, so forked workers do not each import it)
 from benchmarks import ddp_from_scratch, zero_and_fsdp
 from utils.dist import launch
-from utils.parallel import data_parallel as dp
-from utils.parallel import harness
+from utils.parallel.data import data_parallel as dp
+from utils.parallel.data import harness
 from utils.parallel.memory import zero_model_state_bytes
 
 SGD = harness.TrainConfig(n_steps=4)

@@ -1,14 +1,14 @@
-"""utils.parallel.overlap: the invariants of the DDP overlap timeline.
+"""utils.parallel.data.overlap: the invariants of the DDP overlap timeline.
 
-Its bucketing rule, utils.parallel.data_parallel.plan_buckets, is tested against PyTorch in test_data_parallel.py.
+Its bucketing rule, utils.parallel.data.data_parallel.plan_buckets, is tested against PyTorch in test_data_parallel.py.
 """
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from utils.parallel.network import ring_allreduce_time
-from utils.parallel.overlap import ddp_timeline
+from utils.parallel.comm.network import ring_allreduce_time
+from utils.parallel.data.overlap import ddp_timeline
 
 seconds = st.floats(0, 1e-2, allow_nan=False)
 
@@ -71,7 +71,7 @@ def test_ddp_timeline_rejects_bad_input(args):
 
 
 def test_a_given_allreduce_cost_model_prices_every_bucket():
-    from utils.parallel.network import flat_ring_allreduce_time
+    from utils.parallel.comm.network import flat_ring_allreduce_time
 
     def eight_rings(nbytes):  # two DGX H100 nodes, one ring per NIC
         return flat_ring_allreduce_time(nbytes, 8, 2, 450e9, 2e-6, 50e9, 5e-6, rings=8)
@@ -87,7 +87,7 @@ def test_a_given_allreduce_cost_model_prices_every_bucket():
 
 
 def test_min_tokens_to_hide_communication_by_hand_and_scaling_book():
-    from utils.parallel.overlap import min_tokens_to_hide_communication as tokens
+    from utils.parallel.data.overlap import min_tokens_to_hide_communication as tokens
 
     # Austin et al., How to Scale Your Model, part 5: TPU v5p, C = 4.6e14, W = 2 * 9e10 -> "at least 2,550" (2,555.6)
     assert tokens(4.6e14, 2 * 9e10) == pytest.approx(2555.6, abs=0.1)
@@ -103,7 +103,7 @@ def test_min_tokens_to_hide_communication_by_hand_and_scaling_book():
 
 def test_min_tokens_agrees_with_the_timeline():
     """At exactly the critical tokens (no latency), bucketed communication equals backward compute."""
-    from utils.parallel.overlap import min_tokens_to_hide_communication as tokens
+    from utils.parallel.data.overlap import min_tokens_to_hide_communication as tokens
 
     flops, bandwidth, n, layers, params = 400e12, 50e9, 16, 24, 5e7
     t_min = tokens(flops, bandwidth, n_gpus=n)
@@ -115,7 +115,7 @@ def test_min_tokens_agrees_with_the_timeline():
 @pytest.mark.parametrize("args", [(0, 1e9), (1e12, 0), (1e12, 1e9, "tp"), (1e12, 1e9, "dp", 0),
                                   (1e12, 1e9, "dp", None, 0)])
 def test_min_tokens_rejects_bad_input(args):
-    from utils.parallel.overlap import min_tokens_to_hide_communication as tokens
+    from utils.parallel.data.overlap import min_tokens_to_hide_communication as tokens
 
     with pytest.raises(ValueError):
         tokens(*args)

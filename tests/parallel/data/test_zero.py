@@ -1,13 +1,13 @@
-"""utils.parallel.zero: ZeRO-2 refuses bad input and accumulates gradients over micro-batches like one process."""
+"""utils.parallel.data.zero: ZeRO-2 refuses bad input and accumulates gradients over micro-batches like one process."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from utils.dist import launch
-from utils.parallel import harness
-from utils.parallel.data_parallel import broadcast_parameters
-from utils.parallel.zero import ZeroTwoOptimizer
+from utils.parallel.data import harness
+from utils.parallel.data.data_parallel import broadcast_parameters
+from utils.parallel.data.zero import ZeroTwoOptimizer
 
 CONFIG = harness.TrainConfig(n_steps=2, optimizer="adam", lr=0.01, batch_size=24)
 

@@ -1,4 +1,4 @@
-"""utils.parallel.context_parallel: ring attention on 2 and 4 gloo ranks equals SDPA on one process (outputs and
+"""utils.parallel.frontier.context_parallel: ring attention on 2 and 4 gloo ranks equals SDPA on one process (outputs and
 dq, dk, dv), causal or not, contiguous or zigzag; shard/unshard round-trips; the causal work per rank (zigzag
 balanced, contiguous P times apart) and that the ring computes exactly that; grouped-query heads; subgroups; the
 cost model against its step-by-step simulation; bad inputs raise ValueError."""
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tests.parallel import value_error_messages
 from utils.dist import launch
-from utils.parallel.context_parallel import (
+from utils.parallel.frontier.context_parallel import (
     chunk_ids,
     min_local_seq_to_hide,
     positions,
@@ -201,7 +201,7 @@ def test_ring_step_costs_and_the_overlap_threshold():
 
 def _work_done(rank, world_size, seq, layout):
     """Score entries ring_attention's forward computes on this rank, recorded from its block products."""
-    import utils.parallel.context_parallel as cp
+    import utils.parallel.frontier.context_parallel as cp
 
     done, scores = [], cp._scores
 

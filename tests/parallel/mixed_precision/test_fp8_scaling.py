@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from utils.parallel.fp8_scaling import (ACTIVATION_TILE, WEIGHT_BLOCK, dequantize_blockwise, fake_quantize,
+from utils.parallel.mixed_precision.fp8_scaling import (ACTIVATION_TILE, WEIGHT_BLOCK, dequantize_blockwise, fake_quantize,
                                         quantization_error, quantize_blockwise)
-from utils.parallel.precision import FORMATS
+from utils.parallel.mixed_precision.precision import FORMATS
 
 
 def _x(rows=256, cols=512, seed=0):

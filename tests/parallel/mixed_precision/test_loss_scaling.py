@@ -1,4 +1,4 @@
-"""utils.parallel.loss_scaling across ranks: one inf/NaN verdict for every shard of a model.
+"""utils.parallel.mixed_precision.loss_scaling across ranks: one inf/NaN verdict for every shard of a model.
 
 The single-process scaler is checked against GradScaler in test_precision.py.
 """
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from utils.dist import launch
-from utils.parallel.loss_scaling import DynamicLossScaler, found_inf_on_any_rank
+from utils.parallel.mixed_precision.loss_scaling import DynamicLossScaler, found_inf_on_any_rank
 
 
 def _verdicts(rank, world_size, pattern):

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from utils.parallel import memory
-from utils.parallel.loss_scaling import DynamicLossScaler, make_mlp, make_task
-from utils.parallel.precision import (FORMATS, PUBLISHED, decode_bits, float_bits, get_format,
+from utils.parallel.mixed_precision.loss_scaling import DynamicLossScaler, make_mlp, make_task
+from utils.parallel.mixed_precision.precision import (FORMATS, PUBLISHED, decode_bits, float_bits, get_format,
                                       model_state_bytes_per_param)
 
 matplotlib.use("Agg")
@@ -185,7 +185,7 @@ def test_task_underflows_in_fp16_but_not_when_scaled():
 def test_plots_return_figures():
     import matplotlib.pyplot as plt
 
-    from utils.parallel import precision_plots as pp
+    from utils.parallel.mixed_precision import precision_plots as pp
 
     for fig in (pp.plot_bit_layouts(), pp.plot_format_ranges(mark=1e-6),
                 pp.plot_gradient_histogram(np.logspace(-10, -2, 50)),

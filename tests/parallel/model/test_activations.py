@@ -2,7 +2,7 @@
 
 import pytest
 
-from utils.parallel.activations import (
+from utils.parallel.model.activations import (
     bytes_by,
     first_stage_activation_bytes,
     interleave_factor,
@@ -133,7 +133,7 @@ def test_plot_functions_return_figures():
 
 
 def test_published_figures_follow_from_the_formulas():
-    from utils.parallel.activations import PAPER_MODELS, PAPER_SEQ_LEN, PUBLISHED
+    from utils.parallel.model.activations import PAPER_MODELS, PAPER_SEQ_LEN, PUBLISHED
 
     s = PAPER_SEQ_LEN
     gpt3, mtnlg = PAPER_MODELS["175B (GPT-3)"], PAPER_MODELS["530B (MT-NLG)"]

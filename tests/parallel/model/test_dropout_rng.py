@@ -1,11 +1,11 @@
-"""utils.parallel.dropout_rng on 2 gloo ranks: the same dropout mask outside the parallel region, different inside."""
+"""utils.parallel.model.dropout_rng on 2 gloo ranks: the same dropout mask outside the parallel region, different inside."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from utils.dist import launch
-from utils.parallel.dropout_rng import RNGStatesTracker, model_parallel_manual_seed
+from utils.parallel.model.dropout_rng import RNGStatesTracker, model_parallel_manual_seed
 
 
 def _masks(rank, t):

@@ -1,8 +1,8 @@
-"""utils.parallel.head_sharding: GQA's KV heads bound tensor parallelism (Megatron) or get replicated (vLLM)."""
+"""utils.parallel.model.head_sharding: GQA's KV heads bound tensor parallelism (Megatron) or get replicated (vLLM)."""
 
 import pytest
 
-from utils.parallel.head_sharding import HeadSharding, kv_head_sharding
+from utils.parallel.model.head_sharding import HeadSharding, kv_head_sharding
 
 
 def test_llama3_70b_splits_its_8_kv_heads_up_to_t_8():

@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from utils.attention.peak_memory import peak_tensor_bytes
-from utils.parallel.logits_memory import chunked_cross_entropy, logits_bytes
+from utils.parallel.model.logits_memory import chunked_cross_entropy, logits_bytes
 
 
 def test_logits_bytes_is_4bsv_over_t():

@@ -1,4 +1,4 @@
-"""utils.parallel.paper_layer: the layer Korthikanti et al. count. On one process it saves sbh(34 + 5as/h) bytes;
+"""utils.parallel.model.paper_layer: the layer Korthikanti et al. count. On one process it saves sbh(34 + 5as/h) bytes;
 tensor + sequence parallel on 2 and 4 gloo ranks, sbh(34/t + 5as/(ht)) per rank (Table 2, from
 utils.parallel.memory), plus LayerNorm's statistics; without dropout it equals one process."""
 
@@ -7,11 +7,11 @@ import torch
 from torch.distributed.tensor.debug import CommDebugMode
 
 from utils.dist import launch
-from utils.parallel.dropout_rng import model_parallel_manual_seed
+from utils.parallel.model.dropout_rng import model_parallel_manual_seed
 from utils.parallel.memory import activation_bytes_per_layer
-from utils.parallel.paper_layer import PaperLayer, SequenceParallelPaperLayer
-from utils.parallel.saved_activations import saved_activation_bytes
-from utils.parallel.sequence_parallel import all_reduce_replicated_grads, split_sequence
+from utils.parallel.model.paper_layer import PaperLayer, SequenceParallelPaperLayer
+from utils.parallel.model.saved_activations import saved_activation_bytes
+from utils.parallel.model.sequence_parallel import all_reduce_replicated_grads, split_sequence
 
 S, B, H, A = 16, 2, 32, 4
 

@@ -1,6 +1,6 @@
-"""utils.parallel.pipeline: the schedules are valid, their bubble is the papers' closed form, 1F1B bounds memory.
+"""utils.parallel.model.pipeline: the schedules are valid, their bubble is the papers' closed form, 1F1B bounds memory.
 
-The executed pipeline (utils.parallel.pipeline_exec) is checked against one process in test_pipeline_exec.py.
+The executed pipeline (utils.parallel.model.pipeline_exec) is checked against one process in test_pipeline_exec.py.
 """
 
 from itertools import product
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from utils.parallel import pipeline as pp
+from utils.parallel.model import pipeline as pp
 
 SIZES = [(2, 1), (2, 4), (3, 6), (4, 4), (4, 8), (4, 16), (8, 8), (8, 32)]
 TIMES = [(1.0, 2.0), (1.0, 1.0), (1.0, 3.0), (0.7, 1.9)]
@@ -120,7 +120,7 @@ def test_bad_input_raises_value_error_naming_what_is_allowed(call, match):
 
 
 def test_check_valid_with_a_split_backward_needs_w_after_b():
-    from utils.parallel import zero_bubble as zb
+    from utils.parallel.model import zero_bubble as zb
 
     ops = zb.schedule("zb-h1", 3, 4)
     pp.check_valid(ops, 3, 4, kinds="FBW")

@@ -1,12 +1,12 @@
-"""utils.parallel.pipeline_exec: a schedule run over send/recv gives one process's gradients (gloo, 2 and 4 ranks)."""
+"""utils.parallel.model.pipeline_exec: a schedule run over send/recv gives one process's gradients (gloo, 2 and 4 ranks)."""
 
 import pytest
 import torch
 from torch import nn
 
 from utils.dist import launch
-from utils.parallel import pipeline as pp
-from utils.parallel.pipeline_exec import measured_bubble_fraction, run_schedule, split_layers
+from utils.parallel.model import pipeline as pp
+from utils.parallel.model.pipeline_exec import measured_bubble_fraction, run_schedule, split_layers
 
 WIDTH, N_LAYERS, BATCH = 12, 8, 16
 

@@ -1,4 +1,4 @@
-"""utils.parallel.pipeline_plots: the zero-bubble chart reports the simulation and Table 2; DualPipe's sketch checks its input."""
+"""utils.parallel.model.pipeline_plots: the zero-bubble chart reports the simulation and Table 2; DualPipe's sketch checks its input."""
 
 import matplotlib
 
@@ -7,8 +7,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from utils.parallel import zero_bubble as zb  # noqa: E402
-from utils.parallel.pipeline_plots import plot_dualpipe_placement, plot_zero_bubble  # noqa: E402
+from utils.parallel.model import zero_bubble as zb  # noqa: E402
+from utils.parallel.model.pipeline_plots import plot_dualpipe_placement, plot_zero_bubble  # noqa: E402
 
 
 def test_zero_bubble_chart_draws_every_operation_and_titles_the_bubble():

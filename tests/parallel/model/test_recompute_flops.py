@@ -1,7 +1,7 @@
 import pytest
 
-from utils.parallel.activations import PAPER_MODELS, PAPER_SEQ_LEN, PAPER_VOCAB, PUBLISHED
-from utils.parallel.recompute_flops import (hardware_flops_per_iteration, model_flops_per_iteration,
+from utils.parallel.model.activations import PAPER_MODELS, PAPER_SEQ_LEN, PAPER_VOCAB, PUBLISHED
+from utils.parallel.model.recompute_flops import (hardware_flops_per_iteration, model_flops_per_iteration,
                                             recompute_overhead)
 
 

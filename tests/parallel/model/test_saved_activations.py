@@ -1,10 +1,10 @@
-"""utils.parallel.saved_activations: the bytes autograd saves, each storage once, parameters left out."""
+"""utils.parallel.model.saved_activations: the bytes autograd saves, each storage once, parameters left out."""
 
 import pytest
 import torch
 from torch import nn
 
-from utils.parallel.saved_activations import saved_activation_bytes
+from utils.parallel.model.saved_activations import saved_activation_bytes
 
 
 def test_a_linear_saves_its_input_and_a_shared_input_counts_once():

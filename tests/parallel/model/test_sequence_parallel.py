@@ -1,4 +1,4 @@
-"""utils.parallel.sequence_parallel: the linear that saves only the sequence shard (Korthikanti et al. section 4.2.2),
+"""utils.parallel.model.sequence_parallel: the linear that saves only the sequence shard (Korthikanti et al. section 4.2.2),
 on 2 and 4 gloo ranks. What it saves for backward (the shard's bytes, not the gathered input's), how many
 all-gathers and reduce-scatters it runs each way, and that its outputs and gradients equal one process."""
 
@@ -9,9 +9,9 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 from tests.parallel import value_error_messages
 from utils.dist import launch
-from utils.parallel import tensor_parallel as tp
-from utils.parallel.saved_activations import saved_activation_bytes
-from utils.parallel.sequence_parallel import all_gather_linears, gather_from_sequence_parallel, split_sequence
+from utils.parallel.model import tensor_parallel as tp
+from utils.parallel.model.saved_activations import saved_activation_bytes
+from utils.parallel.model.sequence_parallel import all_gather_linears, gather_from_sequence_parallel, split_sequence
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 B, S, H = 2, 8, 16

@@ -4,13 +4,13 @@ import dataclasses
 
 import pytest
 
-from utils.parallel.activations import interleave_factor
+from utils.parallel.model.activations import interleave_factor
 from utils.parallel.memory import zero_model_state_breakdown, zero_model_state_bytes
-from utils.parallel.pipeline import peak_in_flight, schedule
-from utils.parallel.planner import Layout, plan, step_time
-from utils.parallel.published_runs import LLAMA3_RUNS, MEGATRON_RUNS
-from utils.parallel.stage_memory import chunk_layers, peak_layers_in_flight, stage_memory
-from utils.parallel.transformer_costs import Model
+from utils.parallel.model.pipeline import peak_in_flight, schedule
+from utils.parallel.planning.planner import Layout, plan, step_time
+from utils.parallel.planning.published_runs import LLAMA3_RUNS, MEGATRON_RUNS
+from utils.parallel.model.stage_memory import chunk_layers, peak_layers_in_flight, stage_memory
+from utils.parallel.planning.transformer_costs import Model
 from utils.published import Published
 
 GB = 1e9

@@ -1,4 +1,4 @@
-"""utils.parallel.tensor_parallel and sequence_parallel: on 2 and 4 gloo ranks, every output and every gradient
+"""utils.parallel.model.tensor_parallel and sequence_parallel: on 2 and 4 gloo ranks, every output and every gradient
 (weights, biases, input) equals the one-process model's, sliced where the rank holds a slice."""
 
 import pytest
@@ -7,8 +7,8 @@ from torch import nn
 
 from tests.parallel import value_error_messages
 from utils.dist import launch
-from utils.parallel import tensor_parallel as tp
-from utils.parallel.sequence_parallel import all_reduce_replicated_grads, split_sequence
+from utils.parallel.model import tensor_parallel as tp
+from utils.parallel.model.sequence_parallel import all_reduce_replicated_grads, split_sequence
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 B, S, H, HEADS = 2, 8, 16, 4

@@ -1,4 +1,4 @@
-"""utils.parallel.vocab_parallel on 2 and 4 gloo ranks: the vocabulary-parallel embedding and cross-entropy give
+"""utils.parallel.model.vocab_parallel on 2 and 4 gloo ranks: the vocabulary-parallel embedding and cross-entropy give
 one process's loss and gradients (tied and untied output layer), agree with PyTorch's loss_parallel, and
 communicate b*s scalars three times instead of the logits."""
 
@@ -12,8 +12,8 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
 
 from utils.dist import launch
-from utils.parallel import tensor_parallel as tp
-from utils.parallel.vocab_parallel import (VocabParallelEmbedding, cross_entropy_communication_elements,
+from utils.parallel.model import tensor_parallel as tp
+from utils.parallel.model.vocab_parallel import (VocabParallelEmbedding, cross_entropy_communication_elements,
                                            vocab_parallel_cross_entropy, vocab_range)
 
 TOL = dict(rtol=1e-5, atol=1e-6)

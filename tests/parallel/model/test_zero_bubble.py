@@ -1,4 +1,4 @@
-"""utils.parallel.zero_bubble: valid split-backward schedules whose bubble and memory are Table 2 of arXiv:2401.10241.
+"""utils.parallel.model.zero_bubble: valid split-backward schedules whose bubble and memory are Table 2 of arXiv:2401.10241.
 
 The paper's Table 2 (bubble of the largest stage, peak activation memory):
 1F1B (p-1)(T_F+T_B+T_W), p M_B; ZB-H1 (p-1)(T_F+T_B-T_W), p M_B; ZB-H2 (p-1)(T_F+T_B-2T_W), (2p-1) M_B.
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from utils.parallel import pipeline as pp
-from utils.parallel import zero_bubble as zb
+from utils.parallel.model import pipeline as pp
+from utils.parallel.model import zero_bubble as zb
 
 TIMES = [(1.0, 1.0, 1.0), (1.0, 1.2, 0.8), (1.0, 2.0, 1.0), (1.2, 1.0, 0.7), (1.0, 1.0, 0.5)]
 SIZES = [(2, 3), (3, 5), (4, 8), (4, 12), (8, 16), (8, 24)]

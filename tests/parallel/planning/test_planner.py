@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 
 from utils.gpu.hardware import spec
-from utils.parallel.network import hierarchical_allreduce_time, ring_allreduce_time
-from utils.parallel.planner import (
+from utils.parallel.comm.network import hierarchical_allreduce_time, ring_allreduce_time
+from utils.parallel.planning.planner import (
     BLIND_SPOTS,
     COMPUTE_EFFICIENCY,
     NIC_LATENCY_S,
@@ -17,7 +17,7 @@ from utils.parallel.planner import (
     stage_params,
     step_time,
 )
-from utils.parallel.published_runs import (
+from utils.parallel.planning.published_runs import (
     GPT3_TRAINING_DAYS,
     LLAMA3_405B,
     LLAMA3_PARAMS,
@@ -31,7 +31,7 @@ from utils.parallel.published_runs import (
     narayanan_flops_per_iteration,
     narayanan_params,
 )
-from utils.parallel.transformer_costs import Model
+from utils.parallel.planning.transformer_costs import Model
 
 GB = 1e9
 
@@ -86,7 +86,7 @@ def test_llama3_405b_has_405b_parameters():
     assert LLAMA3_405B.n_params == pytest.approx(LLAMA3_PARAMS.value, rel=0.01)
 
 
-# --- memory: the Megatron rows fit (the Llama rows: tests/parallel/test_stage_memory.py) --------------------
+# --- memory: the Megatron rows fit (the Llama rows: tests/parallel/model/test_stage_memory.py) --------------------
 
 
 @pytest.mark.parametrize("run", MEGATRON_RUNS, ids=_ids(MEGATRON_RUNS))

@@ -6,15 +6,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from utils.parallel.planner import plan  # noqa: E402
-from utils.parallel.planner_plots import (  # noqa: E402
+from utils.parallel.planning.planner import plan  # noqa: E402
+from utils.parallel.planning.planner_plots import (  # noqa: E402
     mesh_rank,
     plot_device_mesh,
     plot_plan,
     plot_planner,
     plot_published_comparison,
 )
-from utils.parallel.published_runs import MEGATRON_RUNS, compare  # noqa: E402
+from utils.parallel.planning.published_runs import MEGATRON_RUNS, compare  # noqa: E402
 
 
 def test_mesh_rank_matches_torch_device_mesh_order():
@@ -46,7 +46,7 @@ def test_bad_mesh_raises():
 
 
 def test_the_comparison_shows_what_the_planner_cannot_see():
-    from utils.parallel.planner import BLIND_SPOTS
+    from utils.parallel.planning.planner import BLIND_SPOTS
 
     fig = plot_published_comparison(compare())
     texts = " ".join(t.get_text() for ax in fig.axes for t in ax.texts)

@@ -1,7 +1,7 @@
 """Bandwidth figures and conversions: link rates in Gb/s, and nccl-tests' algorithm and bus bandwidth.
 
 Vendors quote links in Gb/s (10^9 bits per second, one direction); the cost
-models of :mod:`utils.parallel.network` take bytes/s
+models of :mod:`utils.parallel.comm.network` take bytes/s
 (:func:`gbit_per_s_to_bytes_per_s`). A measured collective is reported as
 nccl-tests reports it (NVIDIA nccl-tests, doc/PERFORMANCE.md): the algorithm
 bandwidth ``algbw = S / t`` and the bus bandwidth ``busbw = algbw * factor``,

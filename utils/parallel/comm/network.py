@@ -14,7 +14,7 @@ the GPUs do the additions, the all-reduce whose additions the switches do
 all-reduce across two levels, NVLink inside a node and a scale-out fabric
 between nodes (:func:`hierarchical_allreduce_time`,
 :func:`flat_ring_allreduce_time`). The algorithm and bus bandwidths that
-nccl-tests reports are in :mod:`utils.parallel.bandwidth`.
+nccl-tests reports are in :mod:`utils.parallel.comm.bandwidth`.
 Bandwidths are in bytes/s, latencies and times in seconds, sizes in bytes.
 """
 

@@ -5,9 +5,9 @@ the few GPUs of one node at hundreds of GB/s; a *scale-out* fabric
 (InfiniBand or Ethernet) joins the nodes through layers of switches, each with
 a fixed number of ports, its *radix* ``k``. This module sizes such fabrics:
 switches and cables per tier, and the hops between two hosts. The cables
-themselves and the paths through them are in :mod:`utils.parallel.wiring`;
+themselves and the paths through them are in :mod:`utils.parallel.comm.wiring`;
 the price of an all-reduce across the two levels in
-:func:`utils.parallel.network.hierarchical_allreduce_time`.
+:func:`utils.parallel.comm.network.hierarchical_allreduce_time`.
 
 Fabrics here are folded Clos networks (Clos, "A study of non-blocking switching
 networks", Bell System Technical Journal 32(2), 1953) built from identical

@@ -1,6 +1,6 @@
 """Explicit wiring of small fabrics, the paths packets take through them, and hash-routing collisions.
 
-:func:`utils.parallel.topology.clos` sizes a fabric; :func:`wiring` lists its
+:func:`utils.parallel.comm.topology.clos` sizes a fabric; :func:`wiring` lists its
 every cable (host ``i`` on leaf ``i // hosts_per_leaf``, every leaf on every
 spine of its pod, spine ``j`` of every pod on the same group of cores), so a
 small one can be drawn and searched: :func:`shortest_path` finds the switches
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from utils.parallel.topology import Fabric
+from utils.parallel.comm.topology import Fabric
 from utils.validate import check_positive_int
 
 Node = tuple[str, int]

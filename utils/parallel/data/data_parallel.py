@@ -11,7 +11,7 @@ The reference implementations here are what the labs of part 2 check against:
 - :func:`all_reduce_gradients`: one all-reduce per parameter after backward.
 - :func:`plan_buckets`: DDP's bucketing rule, the same as PyTorch's reducer
   (tested against it); the one rule the chapters, the labs and
-  :mod:`utils.parallel.overlap` use.
+  :mod:`utils.parallel.data.overlap` use.
 - :class:`BucketedDDP`: gradients packed into those buckets, each all-reduced
   from a gradient hook while backward is still running, as in PyTorch DDP
   (Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel
@@ -22,7 +22,7 @@ The reference implementations here are what the labs of part 2 check against:
 - :func:`tensor_nbytes`, :func:`optimizer_state_nbytes`: the bytes a rank holds.
 
 The training runs that compare them with PyTorch's own engines (DDP, FSDP2)
-and with one process are in :mod:`utils.parallel.harness`.
+and with one process are in :mod:`utils.parallel.data.harness`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from utils.parallel.collectives import all_gather_single, reduce_scatter_single
+from utils.parallel.comm.collectives import all_gather_single, reduce_scatter_single
 from utils.validate import check_nonnegative, check_nonnegative_int, check_positive, check_positive_int
 
 
@@ -235,7 +235,7 @@ class ZeroOneOptimizer:
     would keep ``shard`` in fp32 and round it to 16 bits before the all-gather.
     The collectives are the flat-tensor ones (``reduce_scatter_tensor`` and
     ``all_gather_into_tensor``, under this torch's names, see
-    :mod:`utils.parallel.collectives`).
+    :mod:`utils.parallel.comm.collectives`).
     """
 
     def __init__(self, params: Iterable[torch.Tensor], optimizer_cls: type = torch.optim.Adam,

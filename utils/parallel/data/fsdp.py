@@ -50,8 +50,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
-from utils.parallel.collectives import all_gather_single, reduce_scatter_single
-from utils.parallel.data_parallel import broadcast_parameters
+from utils.parallel.comm.collectives import all_gather_single, reduce_scatter_single
+from utils.parallel.data.data_parallel import broadcast_parameters
 
 COMPUTE_DTYPES = (None, torch.float32, torch.bfloat16, torch.float16)
 """What ``compute_dtype`` may be: None (compute in fp32), or the dtype weights are all-gathered and used in."""

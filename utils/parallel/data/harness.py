@@ -1,12 +1,12 @@
 """A tiny training run, on one process or on N ranks with any data-parallel strategy: the labs' yardstick.
 
 Data parallelism must train the same model as one process on the whole batch
-(:mod:`utils.parallel.data_parallel` says why). This harness makes that
+(:mod:`utils.parallel.data.data_parallel` says why). This harness makes that
 checkable: a seeded MLP (:func:`make_mlp`), a seeded regression task
 (:func:`make_regression_data`), one process on the full batch
 (:func:`train_single_process`), and the same run on N ranks
 (:func:`train_data_parallel`) with the reference implementations of
-:mod:`utils.parallel.data_parallel` or with PyTorch's
+:mod:`utils.parallel.data.data_parallel` or with PyTorch's
 ``DistributedDataParallel`` or FSDP2's ``fully_shard`` (Zhao et al., "PyTorch
 FSDP: Experiences on Scaling Fully Sharded Data Parallel", arXiv:2304.11277).
 Each rank trains on its :func:`batch_shard` of every global batch.
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from utils.dist_policy import worker_device
-from utils.parallel.data_parallel import (
+from utils.parallel.data.data_parallel import (
     BucketedDDP,
     ZeroOneOptimizer,
     all_reduce_gradients,
@@ -38,7 +38,7 @@ from utils.parallel.data_parallel import (
     optimizer_state_nbytes,
     tensor_nbytes,
 )
-from utils.parallel.zero import ZeroTwoOptimizer
+from utils.parallel.data.zero import ZeroTwoOptimizer
 from utils.validate import check_positive, check_positive_int
 
 STRATEGIES = ("naive", "bucketed", "torch_ddp", "zero1", "zero2", "fsdp2")

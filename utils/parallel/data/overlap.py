@@ -15,14 +15,14 @@ This module is the smallest model of that schedule that keeps its shape:
   the all-reduce runs on the network and its own kernels; see the caveat in
   :func:`ddp_timeline`);
 - buckets are formed as DDP's reducer forms them
-  (:func:`utils.parallel.data_parallel.plan_buckets`, tested against PyTorch);
+  (:func:`utils.parallel.data.data_parallel.plan_buckets`, tested against PyTorch);
 - all-reduces run one at a time, in bucket order, each priced by
-  :func:`utils.parallel.network.ring_allreduce_time`;
+  :func:`utils.parallel.comm.network.ring_allreduce_time`;
 - a bucket's all-reduce starts when its last gradient is ready and the previous
   all-reduce has finished.
 
 DDP's default caps (25 MiB, the first bucket 1 MiB) are
-:data:`utils.parallel.data_parallel.DDP_DEFAULTS`.
+:data:`utils.parallel.data.data_parallel.DDP_DEFAULTS`.
 
 :func:`min_tokens_to_hide_communication` is the same question asked without a
 timeline: how many tokens per GPU make the compute of a step at least as long
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Sequence
 
-from utils.parallel.data_parallel import plan_buckets
-from utils.parallel.network import ring_allreduce_time
+from utils.parallel.data.data_parallel import plan_buckets
+from utils.parallel.comm.network import ring_allreduce_time
 from utils.validate import check_nonnegative, check_positive, check_positive_int
 
 def _check_sizes(grad_nbytes: Sequence[float]) -> None:
@@ -93,14 +93,14 @@ def ddp_timeline(
 
     Units are given in forward order: ``backward_seconds[i]`` and
     ``grad_nbytes[i]`` belong to unit ``i``; backward runs ``L-1, ..., 0``. With
-    buckets ``b = 1, 2, ...`` from :func:`utils.parallel.data_parallel.plan_buckets`
+    buckets ``b = 1, 2, ...`` from :func:`utils.parallel.data.data_parallel.plan_buckets`
     (the caps mean what they mean there):
 
     - ``ready_b`` = time the last gradient of bucket ``b`` is ready;
     - ``start_b = max(ready_b, end_{b-1})`` (one all-reduce at a time, in order);
     - ``end_b = start_b + ring_allreduce_time(n_gpus, nbytes_b, bandwidth, latency)``, or
       ``start_b + allreduce_seconds(nbytes_b)`` when a cost model is given (e.g. several
-      rings over two levels, :func:`utils.parallel.network.flat_ring_allreduce_time`;
+      rings over two levels, :func:`utils.parallel.comm.network.flat_ring_allreduce_time`;
       ``n_gpus``, ``bandwidth`` and ``latency`` are then only validated);
     - ``step = max(sum(backward_seconds), end_last)``.
 

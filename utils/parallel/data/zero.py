@@ -29,8 +29,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from utils.parallel.collectives import all_gather_single, reduce_scatter_single
-from utils.parallel.data_parallel import trainable_parameters
+from utils.parallel.comm.collectives import all_gather_single, reduce_scatter_single
+from utils.parallel.data.data_parallel import trainable_parameters
 
 
 class ZeroTwoOptimizer:

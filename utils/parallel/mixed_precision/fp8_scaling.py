@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from utils.parallel.precision import FORMATS
+from utils.parallel.mixed_precision.precision import FORMATS
 from utils.validate import check_positive_int
 
 ACTIVATION_TILE = (1, 128)

@@ -1,7 +1,7 @@
 """Pure plot functions of the mixed-precision pages: bit layouts, ranges, gradient histograms, loss curves.
 
 Each returns a Matplotlib figure and reads only its arguments and
-:mod:`utils.parallel.precision` (the widget pattern of :mod:`utils.viz`).
+:mod:`utils.parallel.mixed_precision.precision` (the widget pattern of :mod:`utils.viz`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from utils.parallel.precision import FORMATS, float_bits, get_format
+from utils.parallel.mixed_precision.precision import FORMATS, float_bits, get_format
 
 _COLORS = {"sign": "#d62728", "exponent": "#2ca02c", "mantissa": "#1f77b4"}
 ORDER = ("fp32", "tf32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")

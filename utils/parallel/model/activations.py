@@ -59,7 +59,7 @@ PUBLISHED = {
                                              _PAPER + ", abstract"),
 }
 """Figures the paper states in its text; the chapter recomputes each one. The two FLOPs overheads follow from
-its eq. 8, which counts the recomputation 3x too high: :mod:`utils.parallel.recompute_flops` has both counts."""
+its eq. 8, which counts the recomputation 3x too high: :mod:`utils.parallel.model.recompute_flops` has both counts."""
 
 KINDS = ("replicated", "sharded", "attention-core")
 """How a stored tensor behaves under parallelism (Korthikanti section 4.2 and 5):

@@ -6,12 +6,12 @@ layer in 16-bit with 1-byte dropout masks and an explicit softmax stores
 sequence parallelism, ``sbh (34/t + 5as/(ht))`` per rank (Table 2). The
 second needs every piece of the recipe: the LayerNorms, dropouts and residual
 additions on ``s/t`` tokens, Q, K, V and the MLP's first linear behind
-:func:`utils.parallel.sequence_parallel.all_gather_linears` (which saves the
+:func:`utils.parallel.model.sequence_parallel.all_gather_linears` (which saves the
 slice), and the row-parallel outputs reduce-scattered back to the slices.
 Every dropout draws this rank's own masks: with sequence parallelism even the
 residual stream holds different tokens on each rank, so Megatron-LM runs the
 whole block inside its model-parallel RNG stream
-(``megatron/core/transformer/transformer_block.py``; :mod:`utils.parallel.dropout_rng`).
+(``megatron/core/transformer/transformer_block.py``; :mod:`utils.parallel.model.dropout_rng`).
 Besides, LayerNorm keeps its mean and 1/std (``sb`` elements each), which
 the paper neglects.
 
@@ -30,9 +30,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from utils.parallel.dropout_rng import RNGStatesTracker
-from utils.parallel.sequence_parallel import all_gather_linears, reduce_scatter_to_sequence_parallel
-from utils.parallel.tensor_parallel import shard
+from utils.parallel.model.dropout_rng import RNGStatesTracker
+from utils.parallel.model.sequence_parallel import all_gather_linears, reduce_scatter_to_sequence_parallel
+from utils.parallel.model.tensor_parallel import shard
 from utils.validate import check_positive_int
 
 SEQ_DIM = 0  # [s, b, h]
@@ -77,7 +77,7 @@ class SequenceParallelPaperLayer(nn.Module):
     """:class:`PaperLayer` over the ranks of ``group``, tensor + sequence parallel; takes and returns ``[s/t, b, h]``.
 
     Per rank: the LayerNorms (whole copies; their gradients are partial sums to
-    all-reduce, :func:`utils.parallel.sequence_parallel.all_reduce_replicated_grads`),
+    all-reduce, :func:`utils.parallel.model.sequence_parallel.all_reduce_replicated_grads`),
     ``a/t`` heads, ``4h/t`` MLP columns, the whole biases of ``proj`` and ``fc2``.
     Communication: 2 all-gathers and 2 reduce-scatters in forward, 4 and 2 in backward.
     """

@@ -1,7 +1,7 @@
 """Run a pipeline schedule for real: one rank per stage, activations and gradients by send/recv.
 
 :func:`run_schedule` executes the per-stage operation order of
-:func:`utils.parallel.pipeline.stage_orders` on the calling rank (stage =
+:func:`utils.parallel.model.pipeline.stage_orders` on the calling rank (stage =
 rank): for each F it receives the input activation from the previous virtual
 stage (``dist.recv``), runs its layers and sends the output on (``dist.isend``);
 for each B it receives the output's gradient from the next virtual stage, runs
@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from utils.dist_policy import worker_device
-from utils.parallel.pipeline import stage_orders
+from utils.parallel.model.pipeline import stage_orders
 
 
 @dataclass

@@ -1,11 +1,11 @@
-"""Figures of :mod:`utils.parallel.pipeline`: a schedule's Gantt chart, its animation, measured against predicted.
+"""Figures of :mod:`utils.parallel.model.pipeline`: a schedule's Gantt chart, its animation, measured against predicted.
 
 Pure functions of their parameters (the book's widget pattern, :mod:`utils.viz`):
 :func:`plot_schedule` draws stages against time, forwards in blue and
 backwards in green (darker shades for later chunks), each box labelled with
 its micro-batch; :func:`animate_schedule` fills the same chart in step by step;
 :func:`plot_zero_bubble` draws the split-backward schedules of
-:mod:`utils.parallel.zero_bubble` (weight gradients in orange);
+:mod:`utils.parallel.model.zero_bubble` (weight gradients in orange);
 :func:`plot_dualpipe_placement` sketches DualPipe's two-way placement.
 """
 
@@ -17,8 +17,8 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from utils import viz
-from utils.parallel import pipeline as pp
-from utils.parallel import zero_bubble as zb
+from utils.parallel.model import pipeline as pp
+from utils.parallel.model import zero_bubble as zb
 
 _F = ["#9ecae1", "#4292c6", "#2171b5", "#08519c"]  # forward, by chunk
 _B = ["#a1d99b", "#41ab5d", "#238b45", "#006d2c"]  # backward (input gradient, B), by chunk

@@ -4,7 +4,7 @@ Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
 Models" (arXiv:2205.05198), section 4.2.2 and Figure 5: between the
 tensor-parallel regions of a transformer layer, the LayerNorm and dropout run on
 ``1/t`` of the sequence on each of the ``t`` ranks, so their activations are
-sharded too. Tensor parallelism's ``f`` and ``g`` (:mod:`utils.parallel.tensor_parallel`)
+sharded too. Tensor parallelism's ``f`` and ``g`` (:mod:`utils.parallel.model.tensor_parallel`)
 are then replaced by a conjugate pair (Korthikanti et al. call them ``g`` and
 ``g-bar``; Megatron-LM's all-reduce-in-forward is also called ``g``, so the book
 writes them out):
@@ -31,7 +31,7 @@ reduce-scatter plus an all-gather each) plus 2 all-gathers, 10 phases of
 
 The collectives are torch's flat ``all_gather_single`` and
 ``reduce_scatter_single``, under whichever name this torch has
-(:mod:`utils.parallel.collectives`); they concatenate along dimension 0, so
+(:mod:`utils.parallel.comm.collectives`); they concatenate along dimension 0, so
 other sequence dimensions are moved to the front and back.
 """
 
@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 import torch.nn.functional as F
 
-from utils.parallel.collectives import all_gather_single, reduce_scatter_single
+from utils.parallel.comm.collectives import all_gather_single, reduce_scatter_single
 
 
 def _check_dim(tensor: torch.Tensor, dim: int) -> int:

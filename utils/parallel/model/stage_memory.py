@@ -1,16 +1,16 @@
 """Bytes per GPU on each pipeline stage of a planned run: model state, activations in flight, logits.
 
-The memory half of :mod:`utils.parallel.planner` (whose docstring states the
+The memory half of :mod:`utils.parallel.planning.planner` (whose docstring states the
 assumptions). The part that needs care is how many micro-batches' activations
 a stage holds at its peak. It is counted by walking the order in which
 Megatron's schedules run the stage's forwards and backwards
-(:func:`utils.parallel.pipeline.stage_orders`): a forward of a model chunk
+(:func:`utils.parallel.model.pipeline.stage_orders`): a forward of a model chunk
 stores that chunk's layers until its backward. Under 1F1B stage r holds
 ``min(p - r, m)`` micro-batches of its layers (Narayanan et al. 2021,
 section 2.2.1); interleaved with v chunks per stage and m a multiple of p, it
 holds ``min(m v, p v + p - 1 - 2r)`` chunk-micro-batches, on the first stage
 ``1 + (p - 1)/(p v)`` times 1F1B's (Korthikanti et al. 2022, section 4.2.3;
-:func:`utils.parallel.activations.interleave_factor`) once ``m >= 2p``. The
+:func:`utils.parallel.model.activations.interleave_factor`) once ``m >= 2p``. The
 count is in layers, so that chunks of unequal size (Llama 3's embedding-only
 first chunk) are counted right.
 """
@@ -21,11 +21,11 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from utils.parallel.memory import activation_bytes_per_layer, zero_model_state_breakdown
-from utils.parallel.pipeline import stage_orders
-from utils.parallel.transformer_costs import Model
+from utils.parallel.model.pipeline import stage_orders
+from utils.parallel.planning.transformer_costs import Model
 
 if TYPE_CHECKING:
-    from utils.parallel.planner import Layout
+    from utils.parallel.planning.planner import Layout
 
 BYTES_PER_VALUE = 2
 """Activations and parameters are 16-bit (gradients: ``Layout.grad_bytes``)."""
@@ -63,11 +63,11 @@ def peak_layers_in_flight(model: Model, layout: Layout, stage: int) -> int:
     """Layer-micro-batches whose activations ``stage`` holds at its peak, walking Megatron's order.
 
     Each forward of a chunk stores its layers' activations until that chunk's
-    backward (:func:`utils.parallel.pipeline.stage_orders`). 1F1B: ``min(p - r, m)``
+    backward (:func:`utils.parallel.model.pipeline.stage_orders`). 1F1B: ``min(p - r, m)``
     micro-batches of the stage's layers. Interleaved, m a multiple of p:
     ``min(m v, p v + p - 1 - 2 r)`` chunks on stage r; with equal chunks the
     first stage thus holds ``1 + (p - 1)/(p v)`` times 1F1B's ``L/p`` layers of
-    p micro-batches (:func:`utils.parallel.activations.interleave_factor`).
+    p micro-batches (:func:`utils.parallel.model.activations.interleave_factor`).
     """
     layers = chunk_layers(model, layout, stage)
     kind = "interleaved" if layout.v > 1 else "1f1b"

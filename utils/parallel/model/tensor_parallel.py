@@ -20,8 +20,8 @@ second linear. Attention is split by heads (Figure 3b). Two conjugate operators
 With sequence parallelism (Korthikanti et al. 2022, arXiv:2205.05198, section
 4.2.2) ``f`` becomes an all-gather along the sequence fused with the linear
 layers behind it, which save only the sequence shard and all-gather it again in
-backward (:class:`utils.parallel.sequence_parallel.AllGatherLinears`), and ``g``
-a reduce-scatter (:mod:`utils.parallel.sequence_parallel`). Tensors are
+backward (:class:`utils.parallel.model.sequence_parallel.AllGatherLinears`), and ``g``
+a reduce-scatter (:mod:`utils.parallel.model.sequence_parallel`). Tensors are
 batch-first, ``[batch, seq, hidden]``, as PyTorch's ``SequenceParallel`` style
 shards them (``Shard(1)``).
 """
@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from utils.parallel.sequence_parallel import all_gather_linears, reduce_scatter_to_sequence_parallel
+from utils.parallel.model.sequence_parallel import all_gather_linears, reduce_scatter_to_sequence_parallel
 from utils.validate import check_positive_int
 
 SEQ_DIM = 1  # batch-first activations: [batch, seq, hidden]

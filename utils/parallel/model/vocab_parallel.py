@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from utils.parallel.tensor_parallel import g, shard
+from utils.parallel.model.tensor_parallel import g, shard
 
 
 def vocab_range(vocab: int, rank: int, world_size: int) -> tuple[int, int]:

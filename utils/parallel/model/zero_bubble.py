@@ -5,12 +5,12 @@ A layer's backward computes two things: the gradient of its input (B), which
 the previous stage waits for, and the gradient of its weights (W), which
 nobody waits for until the optimizer step. 1F1B runs them together; splitting
 them lets B hurry down the pipeline and W fill the idle slots. Dependencies
-(:func:`utils.parallel.pipeline.simulate`): F after the previous stage's F; B
+(:func:`utils.parallel.model.pipeline.simulate`): F after the previous stage's F; B
 after its own F and the next stage's B; W after its own B.
 
 Schedules (:func:`stage_orders`, stage ``r`` of ``p``, 0-indexed, ``m`` micro-batches):
 
-- ``"1f1b"``: 1F1B with an unsplit backward, :func:`utils.parallel.pipeline.schedule`
+- ``"1f1b"``: 1F1B with an unsplit backward, :func:`utils.parallel.model.pipeline.schedule`
   ``("1f1b", ...)`` with ``t_backward = t_b + t_w``, each backward then drawn as
   its B and its W (the previous stage waits for both);
 - ``"zb-h1"`` (section 2.1): the warm-up of 1F1B (``p - 1 - r`` forwards), then
@@ -36,8 +36,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Sequence
 
-from utils.parallel.pipeline import Op, peak_per_stage, simulate
-from utils.parallel.pipeline import schedule as pp_schedule
+from utils.parallel.model.pipeline import Op, peak_per_stage, simulate
+from utils.parallel.model.pipeline import schedule as pp_schedule
 from utils.validate import check_nonnegative_int, check_positive, check_positive_int
 
 KINDS = ("1f1b", "zb-h1", "zb-h2")
@@ -78,7 +78,7 @@ def schedule(kind: str, n_stages: int, n_microbatches: int, t_forward: float = 1
 
     The paper's analysis takes the three equal (its section 2); a real layer's
     B and W each cost about one F (two GEMMs of the same size as F's one).
-    Returns :class:`utils.parallel.pipeline.Op` with kind "F", "B" or "W".
+    Returns :class:`utils.parallel.model.pipeline.Op` with kind "F", "B" or "W".
     """
     p, m = _check(kind, n_stages, n_microbatches)
     duration = {"F": check_positive("t_forward", t_forward, finite=True),

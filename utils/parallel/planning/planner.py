@@ -11,7 +11,7 @@ compute, pipeline bubble and exposed communication.
 
 Every assumption, stated once:
 
-1. Memory, per pipeline stage (:mod:`utils.parallel.stage_memory`; the plan
+1. Memory, per pipeline stage (:mod:`utils.parallel.model.stage_memory`; the plan
    reports the fullest). Model state is mixed-precision Adam, 2 bytes of weights,
    ``grad_bytes`` of gradients (2 in the ZeRO paper's fp16 recipe, 4 where
    gradients are accumulated in fp32) and 12 of optimizer state per parameter
@@ -23,17 +23,17 @@ Every assumption, stated once:
    written for a GPT layer with a 4h GELU MLP and dropout: an approximation
    for GQA and gated FFNs) times the layers' worth of micro-batches the stage
    holds at its peak, counted on Megatron's schedule
-   (:func:`utils.parallel.pipeline.stage_orders`): ``min(p - r, m)``
+   (:func:`utils.parallel.model.pipeline.stage_orders`): ``min(p - r, m)``
    micro-batches of its layers under 1F1B, and with v-way interleaving
    ``pv + p - 1 - 2r`` chunk-micro-batches on stage r, which on the first stage
-   is the ``1 + (p - 1)/(pv)`` of :func:`utils.parallel.activations.interleave_factor`
+   is the ``1 + (p - 1)/(pv)`` of :func:`utils.parallel.model.activations.interleave_factor`
    (Korthikanti section 4.2.3) when ``m >= 2p``. Full recomputation adds one
    layer's un-recomputed activations as working memory; the last stage adds
    one micro-batch's logits (bf16 plus fp32 for the loss). No allowance for
    the CUDA context, NCCL buffers or fragmentation (a few GB in practice): a
    plan within a few GB of the limit is a maybe.
 2. Compute. Matmul FLOPs as Narayanan et al. 2021 count them
-   (:class:`utils.parallel.transformer_costs.Model`; recomputation adds a
+   (:class:`utils.parallel.planning.transformer_costs.Model`; recomputation adds a
    forward, full, or the attention matrices, selective), run at
    ``efficiency`` x the GPU's dense bf16 peak (:data:`COMPUTE_EFFICIENCY`,
    fitted on Megatron-LM's Table 1 only), optionally times the tile and wave
@@ -42,7 +42,7 @@ Every assumption, stated once:
    Background guide, :meth:`Model.gemm_quantization_efficiency`).
 3. Pipeline bubble: ``(p - 1) / (v m + p - 1)`` of the step (1F1B, v-way
    interleaved; Narayanan et al. 2021, section 2.2).
-4. Communication, alpha-beta rings (:func:`utils.parallel.network.ring_allreduce_time`),
+4. Communication, alpha-beta rings (:func:`utils.parallel.comm.network.ring_allreduce_time`),
    ranks numbered TP fastest, then PP, then DP: a group whose span fits in one
    NVLink domain uses NVLink (half the spec's both-directions figure, per
    direction), otherwise the NIC. Latencies :data:`NVLINK_LATENCY_S` and
@@ -50,7 +50,7 @@ Every assumption, stated once:
    TP: 4 all-reduces of ``s b h`` 16-bit values per layer per micro-batch
    (6 with full recomputation, whose extra forward repeats two), never
    overlapped; a TP group of whole NVLink domains all-reduces hierarchically
-   (NVLink inside, NICs between: :func:`utils.parallel.network.hierarchical_allreduce_time`,
+   (NVLink inside, NICs between: :func:`utils.parallel.comm.network.hierarchical_allreduce_time`,
    as the tensor-parallelism chapter prices it). PP: an ``s b h / t`` send forward and one backward per
    micro-batch per chunk (Megatron's scatter/gather, section 4.1), never
    overlapped. DP: one gradient reduce-scatter (``grad_bytes`` per value) and
@@ -68,9 +68,9 @@ from dataclasses import dataclass
 
 from utils.gpu.hardware import GpuSpec, spec
 from utils.parallel.memory import ZERO_STAGES, tensor_parallel_allreduce_bytes_per_layer
-from utils.parallel.network import hierarchical_allreduce_time, ring_allreduce_time
-from utils.parallel.pipeline import ideal_bubble_fraction
-from utils.parallel.stage_memory import (  # noqa: F401 (re-exported: the planner's memory half)
+from utils.parallel.comm.network import hierarchical_allreduce_time, ring_allreduce_time
+from utils.parallel.model.pipeline import ideal_bubble_fraction
+from utils.parallel.model.stage_memory import (  # noqa: F401 (re-exported: the planner's memory half)
     BYTES_PER_VALUE,
     chunk_layers,
     first_stage_memory,
@@ -79,7 +79,7 @@ from utils.parallel.stage_memory import (  # noqa: F401 (re-exported: the planne
     stage_memory,
     stage_params,
 )
-from utils.parallel.transformer_costs import Model, check_recompute as _check_recompute
+from utils.parallel.planning.transformer_costs import Model, check_recompute as _check_recompute
 from utils.validate import check_nonnegative, check_positive, check_positive_int
 
 COMPUTE_EFFICIENCY = 0.54
@@ -87,7 +87,7 @@ COMPUTE_EFFICIENCY = 0.54
 
 Fitted on the ten rows of Narayanan et al. 2021, Table 1 (A100) alone, so that
 the planner's mean log error there is zero
-(:func:`utils.parallel.published_runs.fit_efficiency`, rounded to 0.01); the
+(:func:`utils.parallel.planning.published_runs.fit_efficiency`, rounded to 0.01); the
 two Llama 3 rows (H100) are then scored out of sample. The tests check both."""
 NVLINK_LATENCY_S = 2e-6
 """Assumed per-step latency of an NVLink ring step (seconds), as in the networking chapter."""

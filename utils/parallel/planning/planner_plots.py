@@ -1,7 +1,7 @@
 """Figures of the planning chapter: the device mesh, a plan's memory and time bars, planner vs published runs.
 
 Pure functions of their arguments that return a Matplotlib figure (the
-:mod:`utils.viz` pattern); the numbers come from :mod:`utils.parallel.planner`.
+:mod:`utils.viz` pattern); the numbers come from :mod:`utils.parallel.planning.planner`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from utils.parallel.planner import BLIND_SPOTS, COMPUTE_EFFICIENCY, Layout, Plan, plan
-from utils.parallel.published_runs import MEGATRON_RUNS, PUBLISHED_RUNS, Comparison
+from utils.parallel.planning.planner import BLIND_SPOTS, COMPUTE_EFFICIENCY, Layout, Plan, plan
+from utils.parallel.planning.published_runs import MEGATRON_RUNS, PUBLISHED_RUNS, Comparison
 from utils.validate import check_positive_int
 
 _GB = 1e9
@@ -143,7 +143,7 @@ def plot_published_comparison(rows: Sequence[Comparison], bound: float = 0.25, b
 
     Rows of Megatron's Table 1, on which the efficiency is fitted, are drawn in
     sample; the others (Llama 3) out of sample. ``blind_spots`` adds
-    :data:`utils.parallel.planner.BLIND_SPOTS` as a table on the right.
+    :data:`utils.parallel.planning.planner.BLIND_SPOTS` as a table on the right.
     """
     names = [row.run.name.replace("Llama 3 405B, ", "Llama 3\n") for row in rows]
     published = [row.run.tflops_per_gpu.value for row in rows]

@@ -1,4 +1,4 @@
-"""Published training runs to hold :mod:`utils.parallel.planner` against, with the layouts they used.
+"""Published training runs to hold :mod:`utils.parallel.planning.planner` against, with the layouts they used.
 
 Two sources, both checked against the papers' text:
 
@@ -44,7 +44,7 @@ from typing import NamedTuple
 
 import math
 
-from utils.parallel.planner import COMPUTE_EFFICIENCY, Cluster, Layout, Model, Plan, plan
+from utils.parallel.planning.planner import COMPUTE_EFFICIENCY, Cluster, Layout, Model, Plan, plan
 from utils.published import Published
 
 NARAYANAN = ("Narayanan et al., 'Efficient Large-Scale Language Model Training on GPU Clusters Using "

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from utils.gpu.tensor_cores import n_tiles, tile_quantization_efficiency, wave_quantization_efficiency
-from utils.parallel.head_sharding import kv_head_sharding
+from utils.parallel.model.head_sharding import kv_head_sharding
 from utils.parallel.memory import RECOMPUTE_KINDS
 from utils.validate import check_positive_int
 
@@ -76,7 +76,7 @@ class Model:
         Megatron-core splits the KV heads (query groups) over TP with
         ``divide(num_query_groups, tp)``, so ``tp`` must divide ``kv_heads``;
         past that, each rank needs a whole KV head, replicated ``tp / kv_heads``
-        times (what inference engines do): :func:`utils.parallel.head_sharding.kv_head_sharding`.
+        times (what inference engines do): :func:`utils.parallel.model.head_sharding.kv_head_sharding`.
         ``ValueError`` if neither divides the other.
         """
         sharding = kv_head_sharding(self.heads, self.kv_heads or self.heads, check_positive_int("tp", tp),

@@ -1,0 +1,1 @@
+"""Tests of utils.parallel.comm, one file per module."""

@@ -1,0 +1,1 @@
+"""Tests of utils.parallel.data, one file per module."""

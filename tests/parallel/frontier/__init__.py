@@ -1,0 +1,1 @@
+"""Tests of utils.parallel.frontier, one file per module."""

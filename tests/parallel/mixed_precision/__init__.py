@@ -1,0 +1,1 @@
+"""Tests of utils.parallel.mixed_precision, one file per module."""

@@ -1,0 +1,1 @@
+"""Tests of utils.parallel.model, one file per module."""

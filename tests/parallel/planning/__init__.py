@@ -1,0 +1,1 @@
+"""Tests of utils.parallel.planning, one file per module."""

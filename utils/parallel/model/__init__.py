@@ -1,0 +1,1 @@
+"""Model parallelism: tensor, sequence and pipeline parallelism, and the activation memory they shape: the modules of chapters 06 tensor parallelism, 07 pipeline parallelism and 08 activation memory of part 2 (see :mod:`utils.parallel`)."""
