@@ -7,7 +7,8 @@ torch tensors and returns the mean loss to minimise:
 - IPO (Azar et al. 2023, arXiv:2310.12036, eq. 17): a squared loss that
   regresses the log-ratio margin onto ``1 / (2 tau)`` instead of pushing it
   to infinity as DPO's logistic loss does;
-- KTO (Ethayarajh et al. 2024, arXiv:2402.01306, section 4.1): single answers
+- KTO (Ethayarajh et al. 2024, arXiv:2402.01306, section 4.1; eq. 7 in TRL's
+  citation of it): single answers
   labelled desirable or undesirable, no pairs, scored against a reference
   point ``z0`` (an estimate of ``KL(pi || pi_ref)``);
 - SimPO (Meng et al. 2024, arXiv:2405.14734, eq. 6): no reference model; the
@@ -77,6 +78,8 @@ def kto_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, desirable: tor
              reference_point: float | torch.Tensor, beta: float = 0.1, desirable_weight: float = 1.0,
              undesirable_weight: float = 1.0) -> torch.Tensor:
     """The mean KTO loss ``lambda_y - v(x, y)`` over single, labelled answers (Ethayarajh et al. 2024, section 4.1).
+
+    TRL's ``KTOTrainer`` (``loss_type="kto"``) computes the same terms, citing them as the paper's eq. 7.
 
     With ``r = log pi(y|x) - log pi_ref(y|x)`` and the reference point ``z0``:
 
