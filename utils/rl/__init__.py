@@ -35,6 +35,9 @@ Modules:
   colocated, sleep-mode and disaggregated placement, and one step's timeline under each;
 - :mod:`utils.rl.post_training_plots`: the figures of "From pretraining to SFT
   to RLHF" and "Post-training at scale".
+- :mod:`utils.rl.preference_losses`: IPO, KTO and SimPO, preference losses beyond DPO;
+- :mod:`utils.rl.chat_template`: a toy chat template (special role tokens) and the
+  assistant-only loss mask of multi-turn SFT.
 
 The names part 4's pages and tests use are re-exported here
 (``utils.rl.policy_evaluation``, ``utils.rl.dpo_loss``, ...).
@@ -45,3 +48,8 @@ from utils.rl.objectives import bradley_terry_loss, dpo_loss, gae, grpo_advantag
 
 __all__ = ["bradley_terry_loss", "dpo_loss", "gae", "grpo_advantages", "kl_estimate", "mrp_value", "policy_evaluation",
            "policy_iteration", "ppo_clip_loss", "value_iteration"]
+
+from utils.rl.preference_losses import ipo_loss, kto_loss, kto_reference_point, simpo_loss  # noqa: E402
+__all__ += ["ipo_loss", "kto_loss", "kto_reference_point", "simpo_loss"]
+from utils.rl.chat_template import masked_lm_loss, render as render_chat  # noqa: E402
+__all__ += ["masked_lm_loss", "render_chat"]
