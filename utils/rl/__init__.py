@@ -7,6 +7,9 @@ Modules:
 - :mod:`utils.rl.objectives`: the Bradley-Terry reward-model loss, PPO's
   clipped surrogate, GRPO's group-relative advantages, DPO, GAE, and
   Schulman's KL estimators k1, k2, k3;
+- :mod:`utils.rl.ppo`: PPO in full (Schulman et al. 2017, eq. 9): the critic's
+  clipped value loss and targets, the entropy bonus, PPO-Penalty with its adaptive
+  KL coefficient, and Spinning Up's early stopping on the approximate KL;
 - :mod:`utils.rl.markov`: Markov chains and MRPs from data: the maximum-likelihood
   transition matrix, sampled returns (Monte Carlo), the iterates of Bellman
   evaluation, and values of episodic chains with gamma = 1;
@@ -45,3 +48,5 @@ from utils.rl.objectives import bradley_terry_loss, dpo_loss, gae, grpo_advantag
 
 __all__ = ["bradley_terry_loss", "dpo_loss", "gae", "grpo_advantages", "kl_estimate", "mrp_value", "policy_evaluation",
            "policy_iteration", "ppo_clip_loss", "value_iteration"]
+from utils.rl.ppo import AdaptiveKLController, entropy_bonus, ppo_loss, ppo_value_loss, value_targets
+__all__ += ["AdaptiveKLController", "entropy_bonus", "ppo_loss", "ppo_value_loss", "value_targets"]
