@@ -115,3 +115,37 @@ def test_penalty_loss_and_its_unbiased_sampled_kl():
     adv = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
     loss = ppo_penalty_loss(new, old, adv, torch.full((3,), exact_kl.item(), dtype=torch.float64), beta=3.0)
     assert loss.item() == pytest.approx(-((new - old).exp() * adv - 3.0 * exact_kl).mean().item())
+
+
+def _batch():
+    gen = torch.Generator().manual_seed(4)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]], dtype=torch.bool)
+    rewards, values = (torch.randn(3, 3, generator=gen, dtype=torch.float64) for _ in range(2))
+    return rewards, values, mask
+
+
+def test_masked_gae_is_gae_row_by_row():
+    from utils.rl.ppo import masked_gae
+    rewards, values, mask = _batch()
+    adv = masked_gae(rewards, values, mask, gamma=0.9, lam=0.8)
+    for row in range(3):
+        n = int(mask[row].sum())
+        expected = gae(rewards[row, :n], torch.cat([values[row, :n], torch.zeros(1, dtype=torch.float64)]), 0.9, 0.8)
+        torch.testing.assert_close(adv[row, :n], expected)
+        assert torch.all(adv[row, n:] == 0)
+
+
+def test_token_rewards_sum_to_eq2_objective():
+    """InstructGPT eq. 2 for one response: score - beta (log pi(y|x) - log pi_ref(y|x)), spread over tokens."""
+    from utils.rl.ppo import token_rewards
+    logp, logp_ref, mask = _batch()
+    scores = torch.tensor([1.0, 0.0, 2.0], dtype=torch.float64)
+    r = token_rewards(logp, logp_ref, scores, mask, beta=0.1)
+    for row in range(3):
+        n = int(mask[row].sum())
+        expected = scores[row] - 0.1 * (logp[row, :n] - logp_ref[row, :n]).sum()
+        assert r[row, :n].sum().item() == pytest.approx(expected.item())
+        assert r[row, n - 1].item() == pytest.approx(scores[row].item() - 0.1 * (logp[row, n - 1] - logp_ref[row, n - 1]).item())
+        assert torch.all(r[row, n:] == 0)
+    with pytest.raises(ValueError, match="prefix"):
+        token_rewards(logp, logp_ref, scores, torch.tensor([[1, 0, 1], [1, 1, 0], [1, 0, 0]], dtype=torch.bool), 0.1)

@@ -15,6 +15,10 @@ loss is clipped around the old values as in OpenAI baselines' ``ppo2`` and TRL's
 commit ``f2cd577``): :func:`ppo_value_loss`. Early stopping of the inner epochs on
 the approximate KL follows Spinning Up's PPO (Achiam 2018, ``target_kl``):
 :func:`approx_kl` and :func:`should_stop_early`.
+
+For a batch of LLM responses, :func:`token_rewards` spreads eq. 2 of InstructGPT
+(Ouyang et al. 2022) over the tokens and :func:`masked_gae` computes GAE per
+response with padding (labs/04-rl/06).
 """
 
 from __future__ import annotations
@@ -179,3 +183,50 @@ def should_stop_early(kl: float, target_kl: float, margin: float = 1.5) -> bool:
     check_positive("target_kl", target_kl)
     check_positive("margin", margin)
     return float(kl) > margin * target_kl
+
+
+def token_rewards(logp: torch.Tensor, logp_ref: torch.Tensor, scores: torch.Tensor, mask: torch.Tensor,
+                  beta: float) -> torch.Tensor:
+    """``(batch, T)`` per-token rewards of RLHF's PPO: ``-beta (log pi - log pi_ref)`` on every real token,
+    plus the sequence's score on its last real token (InstructGPT section 3.5, "a per-token KL penalty";
+    TRL's ``rewards[actual_end] += scores``). Padding gets 0.
+
+    Their sum over a response is ``score - beta log(pi(y|x) / pi_ref(y|x))``, eq. 2's objective.
+    """
+    _same_shape(logp=logp, logp_ref=logp_ref, mask=mask)
+    check_nonnegative("beta", beta)
+    mask = mask.bool()
+    if scores.shape != (logp.shape[0],) or not mask.any(1).all():
+        raise ValueError(f"scores must be ({logp.shape[0]},) and every row of mask needs a real token, "
+                         f"got scores {tuple(scores.shape)}")
+    rewards = torch.where(mask, -beta * (logp - logp_ref), torch.zeros_like(logp))
+    last = mask.long().sum(1) - 1
+    if not torch.equal(mask, torch.arange(mask.shape[1]) <= last[:, None]):
+        raise ValueError("mask must mark a prefix of each row (the response's tokens, then padding)")
+    rewards[torch.arange(len(rewards)), last] += scores.to(rewards.dtype)
+    return rewards
+
+
+def masked_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+               lam: float = 0.95) -> torch.Tensor:
+    """GAE (Schulman et al. 2016, eq. 16) of a batch of responses, each ending at its last real token.
+
+    ``rewards``, ``values`` and ``mask`` are ``(batch, T)``; ``values[:, t]`` is
+    ``V`` before token ``t``. Row by row it equals :func:`utils.rl.objectives.gae`
+    of the real tokens with ``V = 0`` after the last one (the episode ended);
+    padding gets 0.
+    """
+    _same_shape(rewards=rewards, values=values, mask=mask)
+    for name, value in (("gamma", gamma), ("lam", lam)):
+        if not 0 <= value <= 1:
+            raise ValueError(f"{name} must lie in [0, 1], got {value!r}")
+    m = mask.to(rewards.dtype)
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
+    next_value = torch.zeros_like(running)
+    for t in range(rewards.shape[1] - 1, -1, -1):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        running = (delta + gamma * lam * running) * m[:, t]
+        next_value = values[:, t] * m[:, t]
+        advantages[:, t] = running
+    return advantages
