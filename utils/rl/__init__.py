@@ -9,7 +9,8 @@ Modules:
   Schulman's KL estimators k1, k2, k3;
 - :mod:`utils.rl.ppo`: PPO in full (Schulman et al. 2017, eq. 9): the critic's
   clipped value loss and targets, the entropy bonus, PPO-Penalty with its adaptive
-  KL coefficient, and Spinning Up's early stopping on the approximate KL;
+  KL coefficient, Spinning Up's early stopping on the approximate KL, and
+  per-token rewards and GAE for a batch of padded responses;
 - :mod:`utils.rl.markov`: Markov chains and MRPs from data: the maximum-likelihood
   transition matrix, sampled returns (Monte Carlo), the iterates of Bellman
   evaluation, and values of episodic chains with gamma = 1;
