@@ -7,6 +7,10 @@ Modules:
 - :mod:`utils.rl.objectives`: the Bradley-Terry reward-model loss, PPO's
   clipped surrogate, GRPO's group-relative advantages, DPO, GAE, and
   Schulman's KL estimators k1, k2, k3;
+- :mod:`utils.rl.ppo`: PPO in full (Schulman et al. 2017, eq. 9): the critic's
+  clipped value loss and targets, the entropy bonus, PPO-Penalty with its adaptive
+  KL coefficient, Spinning Up's early stopping on the approximate KL, and
+  per-token rewards and GAE for a batch of padded responses;
 - :mod:`utils.rl.markov`: Markov chains and MRPs from data: the maximum-likelihood
   transition matrix, sampled returns (Monte Carlo), the iterates of Bellman
   evaluation, and values of episodic chains with gamma = 1;
@@ -53,3 +57,5 @@ from utils.rl.preference_losses import ipo_loss, kto_loss, kto_reference_point, 
 __all__ += ["ipo_loss", "kto_loss", "kto_reference_point", "simpo_loss"]
 from utils.rl.chat_template import masked_lm_loss, render as render_chat  # noqa: E402
 __all__ += ["masked_lm_loss", "render_chat"]
+from utils.rl.ppo import AdaptiveKLController, entropy_bonus, ppo_loss, ppo_value_loss, value_targets  # noqa: E402
+__all__ += ["AdaptiveKLController", "entropy_bonus", "ppo_loss", "ppo_value_loss", "value_targets"]
