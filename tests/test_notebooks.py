@@ -154,7 +154,7 @@ def test_lab_solution_cells_are_tagged_for_the_student_edition(path):
 
 
 # A reader's prediction (my_x = ..., MY_PREDICTION = {...}) assigned a number instead of None.
-PREFILLED_PREDICTION = re.compile(r"^((?:my|MY)_\w+)\s*=\s*(.*)$", re.M)
+PREFILLED_PREDICTION = re.compile(r"^((?:my|MY)_\w+(?:\s*,\s*\w+)*)\s*=\s*(.*)$", re.M)  # also my_a, my_b = ...
 NUMBER = re.compile(r"(?<![\w.])-?\d[\d_]*(\.\d+)?(e-?\d+)?(?![\w.])")
 
 
