@@ -47,7 +47,7 @@ ring_allreduce_time``; nothing is re-exported here:
 - :mod:`utils.parallel.frontier.moe`: a mixture-of-experts layer on one process: top-k softmax and DeepSeek-V3's
   sigmoid-with-bias routers, the bias update, the load-balancing loss, capacity and GShard's dropping order;
 - :mod:`utils.parallel.frontier.expert_parallel`: the experts split over ranks, tokens dispatched and combined by
-  two differentiable all-to-alls, their bytes and their alpha-beta time;
+  two differentiable all-to-alls, their bytes and their alpha-beta time, DeepSeek-V3's node-limited routing;
 - :mod:`utils.parallel.frontier.moe_costs`: total against activated parameters and FLOPs per token of MoE models
   (Mixtral 8x7B, DeepSeek-V3) against their stated sizes;
 - :mod:`utils.parallel.model.pipeline`: pipeline schedules (GPipe, 1F1B, interleaved 1F1B)

@@ -98,3 +98,27 @@ def test_bad_inputs_raise_value_error():
         ep.all_to_all_bytes(64, 8, 6, 2, 1.0, 4)
     with pytest.raises(ValueError, match="capacity_factor"):
         ep.all_to_all_bytes(64, 8, 8, 2, 0.0, 4)
+
+
+def test_node_limited_route():
+    torch.manual_seed(0)
+    scores = torch.rand(500, 64).sigmoid()  # 64 experts on 8 nodes of 8
+    experts = ep.node_limited_route(scores, 8, 8, 4)
+    nodes = experts // 8
+    assert max(len(set(row)) for row in nodes.tolist()) <= 4
+    assert not torch.equal(experts.sort(1).values, scores.topk(8).indices.sort(1).values)  # the cap bites
+    unlimited = ep.node_limited_route(scores, 8, 8, 8)  # every node allowed: plain top-k
+    assert torch.equal(unlimited.sort(1).values, scores.topk(8).indices.sort(1).values)
+    # The kept nodes are those with the largest sum of their top-2 scores.
+    row = scores[0].view(8, 8)
+    best = set(row.topk(2).values.sum(1).topk(4).indices.tolist())
+    assert set(nodes[0].tolist()) <= best
+    with pytest.raises(ValueError, match="multiple of max_nodes"):
+        ep.node_limited_route(scores, 6, 8, 4)
+    with pytest.raises(ValueError, match="divisible by experts_per_node"):
+        ep.node_limited_route(scores, 8, 7, 4)
+
+
+def test_published_figures():
+    assert ep.PUBLISHED["deepseek_v3_nvlink_bytes_per_s"].value / ep.PUBLISHED["deepseek_v3_ib_bytes_per_s"].value \
+        == pytest.approx(3.2)  # "roughly 3.2 times that of IB"

@@ -20,19 +20,59 @@ per token, twice per forward and twice per backward. The layer equals
 :class:`~utils.parallel.frontier.moe.MoELayer` run with ``groups=P`` on all the
 tokens (each group, like each rank, routes with its own capacity).
 Pricing: :func:`all_to_all_seconds`, the pairwise exchange in the alpha-beta
-model of :mod:`utils.parallel.comm.network`.
+model of :mod:`utils.parallel.comm.network`. DeepSeek-V3's node-limited routing
+(:func:`node_limited_route`) caps the nodes a token's experts may sit on;
+:data:`PUBLISHED` holds its run's figures.
 """
 
 from __future__ import annotations
 
 import copy
+from types import MappingProxyType
+from typing import Mapping
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from utils.parallel.frontier.moe import MoELayer, combine, dispatch, expert_capacity
+from utils.published import Published
 from utils.validate import check_element_size, check_nonnegative, check_positive, check_positive_int
+
+
+_DSV3 = "DeepSeek-AI, DeepSeek-V3 Technical Report, arXiv:2412.19437"
+PUBLISHED: Mapping[str, Published] = MappingProxyType({
+    "deepseek_v3_nvlink_bytes_per_s": Published(160e9, "bytes/s per GPU (NVLink, H800)", _DSV3 + ", §3.2.2"),
+    "deepseek_v3_ib_bytes_per_s": Published(50e9, "bytes/s per GPU (InfiniBand)", _DSV3 + ", §3.2.2"),
+    "deepseek_v3_max_nodes_per_token": Published(4, "nodes a token's routed experts may span", _DSV3 + ", §2.1.2"),
+    "deepseek_v3_expert_parallel": Published(64, "GPUs per expert-parallel group (8 nodes)", _DSV3 + ", §3.2"),
+    "deepseek_v3_comm_sms": Published(20, "of 132 SMs per H800 kept for communication", _DSV3 + ", §3.2.2"),
+})
+"""DeepSeek-V3's interconnect and expert-parallel layout, as its report states them."""
+
+
+def node_limited_route(scores: torch.Tensor, top_k: int, experts_per_node: int, max_nodes: int) -> torch.Tensor:
+    """``(tokens, top_k)`` experts chosen among those of at most ``max_nodes`` nodes (DeepSeek-V3 §2.1.2).
+
+    Experts ``[n g, (n + 1) g)`` sit on node ``n`` (``g = experts_per_node``).
+    A node's score for a token is the sum of its ``top_k / max_nodes`` highest
+    expert scores; the ``max_nodes`` best nodes are kept and the top-k experts
+    chosen among theirs. DeepSeek-V3's inference code does the same with the
+    top 2 per group (``n_limited_groups = 4`` of 8 groups, 8 experts of 256).
+    """
+    if scores.dim() != 2 or scores.shape[1] % experts_per_node:
+        raise ValueError(f"scores must be (tokens, n_experts) with n_experts divisible by experts_per_node="
+                         f"{experts_per_node}, got {tuple(scores.shape)}")
+    n_nodes = scores.shape[1] // experts_per_node
+    check_positive_int("max_nodes", max_nodes)
+    if max_nodes > n_nodes or top_k % max_nodes or top_k // max_nodes > experts_per_node or top_k > max_nodes * experts_per_node:
+        raise ValueError(f"need max_nodes <= {n_nodes} nodes and top_k ({top_k}) a multiple of max_nodes "
+                         f"({max_nodes}) with top_k / max_nodes <= experts_per_node ({experts_per_node})")
+    per_node = scores.view(scores.shape[0], n_nodes, experts_per_node)
+    node_score = per_node.topk(top_k // max_nodes, dim=-1).values.sum(-1)
+    keep = torch.zeros_like(node_score, dtype=torch.bool).scatter_(1, node_score.topk(max_nodes, dim=-1).indices, True)
+    masked = per_node.masked_fill(~keep.unsqueeze(-1), float("-inf")).flatten(1)
+    return masked.topk(top_k, dim=-1).indices
 
 
 class AllToAll(torch.autograd.Function):
