@@ -91,7 +91,7 @@ vocab_parallel, head_sharding, dropout_rng, memory, network), 07 pipeline parall
 (pipeline, zero_bubble, pipeline_plots), 08 activation memory (activations,
 recompute_flops, logits_memory, memory), 09 mixed precision (precision, loss_scaling,
 fp8_scaling, precision_plots, memory), 11 mixture of experts (moe, moe_costs,
-expert_parallel), 13 planning a training run (planner, stage_memory,
+expert_parallel), 12 expert parallelism (expert_parallel, moe, moe_costs), 13 planning a training run (planner, stage_memory,
 transformer_costs, published_runs, planner_plots, memory, network);
 by the labs of ``labs/02-parallelism/``: 01 ring all-reduce (collectives,
 network), 02 DDP from scratch (data_parallel, harness, network), 03 ZeRO and
