@@ -78,7 +78,7 @@ def route(router_logits: torch.Tensor, top_k: int, router: str = "softmax", expe
         weights, experts = scores.topk(top_k, dim=-1)
     elif router == "sigmoid_bias":
         scores = logits.sigmoid()
-        bias = torch.zeros(n_experts) if expert_bias is None else expert_bias
+        bias = scores.new_zeros(n_experts) if expert_bias is None else expert_bias
         if bias.shape != (n_experts,):
             raise ValueError(f"expert_bias must have shape ({n_experts},), got {tuple(bias.shape)}")
         experts = (scores.detach() + bias.to(scores)).topk(top_k, dim=-1).indices  # the bias picks, never weighs
@@ -165,7 +165,7 @@ def dispatch(x: torch.Tensor, experts: torch.Tensor, positions: torch.Tensor, n_
              capacity: int) -> torch.Tensor:
     """``(n_experts, capacity, hidden)``: row ``c`` of expert ``e`` holds the token placed there (zeros if none)."""
     kept = positions >= 0
-    token = torch.arange(x.shape[0]).unsqueeze(1).expand_as(experts)[kept]
+    token = torch.arange(x.shape[0], device=experts.device).unsqueeze(1).expand_as(experts)[kept]
     buffer = x.new_zeros(n_experts * capacity, x.shape[1])
     return buffer.index_copy(0, experts[kept] * capacity + positions[kept], x[token]).view(n_experts, capacity, -1)
 
