@@ -100,9 +100,9 @@ def expert_load(experts: torch.Tensor, n_experts: int) -> torch.Tensor:
 def update_expert_bias(expert_bias: torch.Tensor, experts: torch.Tensor, speed: float) -> torch.Tensor:
     """DeepSeek-V3's bias update after a step: ``b_i + speed * sign(mean load - load_i)``.
 
-    "We decrease the bias term by gamma if its corresponding expert is
-    overloaded and increase it by gamma if its corresponding expert is
-    underloaded" (arXiv:2412.19437, §2.1.2; ``gamma = 0.001`` for the first
+    "At the end of each step, we will decrease the bias term by gamma if its
+    corresponding expert is overloaded, and increase it by gamma if its
+    corresponding expert is underloaded" (arXiv:2412.19437, §2.1.2; ``gamma = 0.001`` for the first
     14.3T tokens, §4.2). Overloaded means above the mean load ``T k / E``, as
     in Wang et al.'s Algorithm 1 (arXiv:2408.15664). Returns a new tensor.
     """
@@ -121,6 +121,8 @@ def load_balancing_loss(router_logits: torch.Tensor, top_k: int) -> torch.Tensor
     ``f`` split by choice rank, summed over the ranks by the product). A
     perfectly balanced router scores ``k``; Switch (``k = 1``) scores 1. Only
     ``P`` carries gradient. Multiply by a small coefficient (Switch: 1e-2).
+    DeepSeek-V2/V3's balance losses scale differently (``f_i`` times ``N / k``,
+    no factor ``N``: balanced at 1), so coefficients do not carry over.
     """
     logits = _check_logits(router_logits)
     n_experts = logits.shape[1]
