@@ -122,3 +122,39 @@ def test_node_limited_route():
 def test_published_figures():
     assert ep.PUBLISHED["deepseek_v3_nvlink_bytes_per_s"].value / ep.PUBLISHED["deepseek_v3_ib_bytes_per_s"].value \
         == pytest.approx(3.2)  # "roughly 3.2 times that of IB"
+
+
+def _two_groups(rank, world_size):
+    """Four ranks as two expert-parallel groups of two (beside data parallelism): each group equals the one-process
+    layer on its own tokens, and the expert gradients all-reduced over the replicas (ranks r and r + 2) equal the sum
+    of the two groups' one-process gradients."""
+    ep_groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    replicas = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    local_rank = rank % 2
+    torch.manual_seed(0)
+    layer = MoELayer(H, F, E, K, capacity_factor=1.0)
+    grads = []
+    for data_group in (0, 1):
+        torch.manual_seed(1 + data_group)
+        x, up = torch.randn(2 * TOKENS, H), torch.randn(2 * TOKENS, H)
+        layer.zero_grad()
+        y_ref = layer(x, groups=2)
+        (y_ref * up).sum().backward()
+        grads.append([p.grad.clone() for p in layer.experts.parameters()])
+        if data_group == rank // 2:
+            mine = slice(local_rank * TOKENS, (local_rank + 1) * TOKENS)
+            model = ep.ExpertParallelMoE(layer, group=ep_groups[rank // 2])
+            y = model(x[mine])
+            (y * up[mine]).sum().backward()
+            torch.testing.assert_close(y, y_ref[mine].detach(), **TOL)
+    local = E // 2
+    owned = [p for i in range(local_rank * local, (local_rank + 1) * local) for p in layer.experts[i].parameters()]
+    total = {id(p): g0 + g1 for p, g0, g1 in zip(layer.experts.parameters(), *grads)}
+    for p, ref in zip(model.layer.experts.parameters(), owned):
+        dist.all_reduce(p.grad, group=replicas[local_rank])
+        torch.testing.assert_close(p.grad, total[id(ref)], **TOL)
+    return True
+
+
+def test_expert_parallel_groups_inside_a_larger_world():
+    assert all(launch(_two_groups, 4, timeout=120))
