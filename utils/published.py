@@ -10,7 +10,7 @@ table does not hold), :data:`utils.parallel.memory.ZERO_PAPER_FIGURES`,
 :data:`utils.parallel.model.activations.PUBLISHED` (activation memory),
 :data:`utils.parallel.mixed_precision.precision.PUBLISHED` (floating-point formats),
 :mod:`utils.parallel.planning.published_runs` (Megatron-LM and Llama 3 layouts and
-throughput) and :data:`utils.attention.allocation.VLLM_TOKEN_STATE_SHARE`.
+throughput), :data:`utils.parallel.frontier.moe_costs.PUBLISHED` (MoE model sizes) and :data:`utils.attention.allocation.VLLM_TOKEN_STATE_SHARE`.
 GPU specifications themselves live in :data:`utils.gpu.hardware.GPUS`, whose
 entries carry their sources too.
 """

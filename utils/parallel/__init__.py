@@ -44,6 +44,12 @@ ring_allreduce_time``; nothing is re-exported here:
 - :mod:`utils.parallel.model.dropout_rng`: Megatron's dropout RNG tracker (shared and per-rank streams);
 - :mod:`utils.parallel.frontier.context_parallel`: ring attention over a ring of ranks (forward and backward),
   contiguous and zigzag sequence sharding, causal work per rank, when K/V transfers hide;
+- :mod:`utils.parallel.frontier.moe`: a mixture-of-experts layer on one process: top-k softmax and DeepSeek-V3's
+  sigmoid-with-bias routers, the bias update, the load-balancing loss, capacity and GShard's dropping order;
+- :mod:`utils.parallel.frontier.expert_parallel`: the experts split over ranks, tokens dispatched and combined by
+  two differentiable all-to-alls, their bytes and their alpha-beta time, DeepSeek-V3's node-limited routing;
+- :mod:`utils.parallel.frontier.moe_costs`: total against activated parameters and FLOPs per token of MoE models
+  (Mixtral 8x7B, DeepSeek-V3) against their stated sizes;
 - :mod:`utils.parallel.model.pipeline`: pipeline schedules (GPipe, 1F1B, interleaved 1F1B)
   simulated, their bubble against the closed forms, micro-batches in flight;
 - :mod:`utils.parallel.model.zero_bubble`: zero-bubble schedules (Qi et al. 2024): 1F1B, ZB-H1 and ZB-H2 with
@@ -84,7 +90,8 @@ tensor parallelism (tensor_parallel, sequence_parallel, saved_activations, paper
 vocab_parallel, head_sharding, dropout_rng, memory, network), 07 pipeline parallelism
 (pipeline, zero_bubble, pipeline_plots), 08 activation memory (activations,
 recompute_flops, logits_memory, memory), 09 mixed precision (precision, loss_scaling,
-fp8_scaling, precision_plots, memory), 13 planning a training run (planner, stage_memory,
+fp8_scaling, precision_plots, memory), 11 mixture of experts (moe, moe_costs,
+expert_parallel), 12 expert parallelism (expert_parallel, moe, moe_costs), 13 planning a training run (planner, stage_memory,
 transformer_costs, published_runs, planner_plots, memory, network);
 by the labs of ``labs/02-parallelism/``: 01 ring all-reduce (collectives,
 network), 02 DDP from scratch (data_parallel, harness, network), 03 ZeRO and
