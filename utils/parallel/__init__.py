@@ -44,6 +44,8 @@ ring_allreduce_time``; nothing is re-exported here:
 - :mod:`utils.parallel.model.dropout_rng`: Megatron's dropout RNG tracker (shared and per-rank streams);
 - :mod:`utils.parallel.frontier.context_parallel`: ring attention over a ring of ranks (forward and backward),
   contiguous and zigzag sequence sharding, causal work per rank, when K/V transfers hide;
+- :mod:`utils.parallel.frontier.ulysses`: DeepSpeed-Ulysses' all-to-alls between sequence and head sharding
+  around local attention, its head-count limit and bytes per GPU;
 - :mod:`utils.parallel.frontier.moe`: a mixture-of-experts layer on one process: top-k softmax and DeepSeek-V3's
   sigmoid-with-bias routers, the bias update, the load-balancing loss, capacity and GShard's dropping order;
 - :mod:`utils.parallel.frontier.expert_parallel`: the experts split over ranks, tokens dispatched and combined by

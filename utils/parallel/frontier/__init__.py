@@ -1,1 +1,1 @@
-"""Parallelism of frontier runs: context parallelism (and, to come, mixture of experts and expert parallelism): the modules of part 2c (see :mod:`utils.parallel`)."""
+"""Parallelism of frontier runs: context parallelism (ring attention, Ulysses), mixture of experts and expert parallelism: the modules of chapters 10-12 of part 2 (see :mod:`utils.parallel`)."""
