@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from utils.rl.objectives import grpo_advantages
-from utils.rl.post_training import (arithmetic_reward, frozen_copy, grpo_loss, kl_to_reference, preference_pairs,
-                                    train_dpo, train_grpo)
+from utils.rl.post_training import (arithmetic_reward, evaluate, expert_iteration, frozen_copy, grpo_loss,
+                                    kl_to_reference, lengths_by_correctness, preference_pairs, train_dpo, train_grpo)
 from utils.rl.tiny_lm import TinyLM, all_prompts, encode, prompt_tokens, sample, sequence_logprob
 
 
@@ -92,3 +92,63 @@ def test_preference_pairs_are_correct_against_wrong_for_the_same_prompt():
     chosen, rejected = preference_pairs(_small_model(), [(0, 0), (1, 0)], samples_per_problem=200)
     assert arithmetic_reward(chosen).eq(1).all() and arithmetic_reward(rejected).eq(0).all()
     assert torch.equal(chosen[:, :4], rejected[:, :4])
+
+
+def _grpo_batch(lengths=(3, 3, 3, 3)):
+    g = torch.Generator().manual_seed(0)
+    logp_new = torch.log(torch.rand(4, 3, generator=g) * 0.8 + 0.1).requires_grad_()
+    logp_old = logp_new.detach() + 0.1 * torch.randn(4, 3, generator=g)
+    logp_ref = logp_new.detach() + 0.2 * torch.randn(4, 3, generator=g)
+    mask = torch.arange(3)[None, :] < torch.tensor(lengths)[:, None]
+    return logp_new, logp_old, logp_ref, torch.tensor([1.0, -1.0, 0.5, -0.5]), mask
+
+
+def test_grpo_loss_types_agree_where_they_must():
+    """dapo = bnpo on one batch; with equal lengths grpo = bnpo, and dr_grpo = bnpo * |o| / L."""
+    args = _grpo_batch()
+    bnpo = grpo_loss(*args, beta=0.1)  # the default, computed through ppo_clip_loss's mean
+    assert grpo_loss(*args, beta=0.1, loss_type="dapo").item() == pytest.approx(bnpo.item(), rel=1e-6)
+    assert grpo_loss(*args, beta=0.1, loss_type="grpo").item() == pytest.approx(bnpo.item(), rel=1e-6)
+    dr = grpo_loss(*args, beta=0.1, loss_type="dr_grpo", max_completion_length=4)
+    assert dr.item() == pytest.approx(bnpo.item() * 3 / 4, rel=1e-6)
+    uneven = _grpo_batch(lengths=(1, 2, 3, 3))
+    assert grpo_loss(*uneven, loss_type="grpo").item() != pytest.approx(grpo_loss(*uneven).item(), rel=1e-3)
+    with pytest.raises(ValueError, match="loss_type must be one of"):
+        grpo_loss(*args, loss_type="token")
+
+
+def test_train_grpo_takes_the_bias_options_and_a_reward_function():
+    problems = [(1, 1), (2, 3)]
+    policy = _small_model()
+    ref = frozen_copy(policy)
+    history = train_grpo(policy, ref, problems, steps=3, prompts_per_step=2, group_size=4, scale_rewards="none",
+                         loss_type="dr_grpo", eval_problems=problems, eval_every=2)
+    assert history["eval_step"] == [0, 2] and len(history["len_right"]) == 3 and len(history["eval_kl"]) == 2
+    # a constant reward gives zero advantages: with beta = 0 nothing moves
+    still = _small_model()
+    train_grpo(still, ref, problems, steps=2, prompts_per_step=2, group_size=4, beta=0.0,
+               reward_fn=lambda seq: torch.ones(len(seq)))
+    assert all(torch.equal(a, b) for a, b in zip(still.state_dict().values(), ref.state_dict().values()))
+    with pytest.raises(ValueError, match="scale_rewards must be one of"):
+        train_grpo(_small_model(), ref, problems, steps=1, scale_rewards="std")
+    with pytest.raises(ValueError, match="loss_type must be one of"):
+        train_grpo(_small_model(), ref, problems, steps=1, loss_type="mean")
+
+
+def test_lengths_by_correctness_counts_tokens_with_the_end_mark():
+    seq = torch.tensor([encode("7+8=15."), encode("7+8=9._"), encode("2+2=4._"), encode("2+2=+._")])
+    assert lengths_by_correctness(seq) == (pytest.approx(2.5), pytest.approx(2.0))
+    assert torch.isnan(torch.tensor(lengths_by_correctness(seq[1:2])[0]))
+
+
+def test_expert_iteration_learns_from_the_accepted_samples():
+    problems = [(1, 1), (2, 3)]
+    policy = _small_model()
+    ref = frozen_copy(policy)
+    before, _ = evaluate(policy, ref, problems, samples_per_problem=64)
+    history = expert_iteration(policy, ref, problems, rounds=2, samples_per_problem=400, steps=20, lr=3e-3,
+                               batch_size=16, eval_problems=problems)
+    assert history["round"] == [1, 2] and all(n > 0 for n in history["accepted"])
+    assert history["reward"][-1] > before + 0.3 and history["kl"][-1] > 0
+    with pytest.raises(ValueError, match="rounds"):
+        expert_iteration(policy, ref, problems, rounds=0)

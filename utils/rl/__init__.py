@@ -37,6 +37,10 @@ Modules:
   gathers, weight sync);
 - :mod:`utils.rl.rollout_systems`: the rollout engine's weights and KV cache under
   colocated, sleep-mode and disaggregated placement, and one step's timeline under each;
+- :mod:`utils.rl.grpo_variants`: GRPO's reward scaling and token-loss aggregation
+  under TRL's names (``scale_rewards``, ``loss_type``; Dr. GRPO's biases);
+- :mod:`utils.rl.best_of_n`: best-of-N with a 0/1 checker and the optimum of the
+  KL-regularised objective, exactly (the accuracy-KL frontier);
 - :mod:`utils.rl.post_training_plots`: the figures of "From pretraining to SFT
   to RLHF" and "Post-training at scale".
 - :mod:`utils.rl.preference_losses`: IPO, KTO and SimPO, preference losses beyond DPO;

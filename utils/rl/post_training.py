@@ -14,13 +14,22 @@
   ``KL(pi || pi_ref)`` only on samples from ``pi`` (GRPO samples from ``pi_old``),
   and its expected gradient is that of the forward ``KL(pi_ref || pi)``
   (:func:`utils.rl.objectives.kl_estimate`; arXiv:2506.09477, arXiv:2510.01555);
+  ``train_grpo`` also takes TRL's ``scale_rewards`` and ``loss_type``
+  (:mod:`utils.rl.grpo_variants`: Dr. GRPO's ablations, arXiv:2503.20783) and
+  any ``reward_fn`` (a learned reward model, say);
 - :func:`preference_pairs` / :func:`train_dpo`: DPO (Rafailov et al. 2023,
-  arXiv:2305.18290, eq. 7) on (correct, wrong) pairs sampled from the reference.
+  arXiv:2305.18290, eq. 7) on (correct, wrong) pairs sampled from the reference;
+- :func:`expert_iteration`: rejection-sampling fine-tuning repeated (sample N
+  answers per problem, keep those the checker accepts, fine-tune on them):
+  STaR (arXiv:2203.14465), ReST (arXiv:2308.08998), Llama 2's rejection
+  sampling (arXiv:2307.09288, section 3.2.3);
+- :func:`lengths_by_correctness`: the mean length of right and of wrong responses.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import matplotlib.pyplot as plt
 import torch
@@ -28,9 +37,10 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from utils.progress import progress
+from utils.rl.grpo_variants import LOSS_TYPES, aggregate_token_loss, group_advantages
 from utils.rl.objectives import dpo_loss, grpo_advantages, kl_estimate, ppo_clip_loss
-from utils.rl.tiny_lm import PROMPT_LEN, decode, prompt_tokens, response_mask, sample, sequence_logprob, \
-    token_logprobs
+from utils.rl.tiny_lm import MAX_RESPONSE, PROMPT_LEN, decode, prompt_tokens, response_mask, sample, \
+    sequence_logprob, token_logprobs, train_lm
 from utils.validate import check_nonnegative, check_positive, check_positive_int
 
 
@@ -74,54 +84,107 @@ def evaluate(policy: nn.Module, ref: nn.Module, problems: list[tuple[int, int]],
 
 
 def grpo_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor, advantages: torch.Tensor,
-              mask: torch.Tensor, clip: float = 0.2, beta: float = 0.04) -> torch.Tensor:
-    """GRPO's loss on ``(batch, T)`` token log-probs: clipped surrogate plus ``beta`` k3-KL, mean over real tokens.
+              mask: torch.Tensor, clip: float = 0.2, beta: float = 0.04, loss_type: str = "bnpo",
+              max_completion_length: int = MAX_RESPONSE) -> torch.Tensor:
+    """GRPO's loss on ``(batch, T)`` token log-probs: clipped surrogate plus ``beta`` k3-KL per token, aggregated.
 
     The k3 term is differentiated through, as in DeepSeekMath's eq. 3 ("KL in the
     loss"): in expectation it pulls towards the reference along the gradient of
     ``KL(pi_ref || pi)``, not of the ``KL(pi || pi_ref)`` it estimates.
 
     ``advantages`` is ``(batch,)``, one per response, shared by its tokens.
-    The mean runs over all real tokens of the batch (a token-level mean, as
-    DAPO, arXiv:2503.14476, section 3.3, rather than the paper's per-response mean).
+    ``loss_type`` says how the per-token losses are reduced
+    (:func:`utils.rl.grpo_variants.aggregate_token_loss`, TRL's names). The
+    default ``"bnpo"`` is the mean over all real tokens of the batch (a
+    token-level mean, as DAPO, arXiv:2503.14476, section 3.3); ``"grpo"`` is the
+    paper's per-response mean, ``"dr_grpo"`` divides the sum by
+    ``batch * max_completion_length``.
     """
     check_nonnegative("beta", beta)
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
     mask = mask.bool()
     adv = advantages[:, None].expand_as(logp_new)
-    policy_term = ppo_clip_loss(logp_new[mask], logp_old[mask], adv[mask], clip=clip)
-    return policy_term + beta * kl_estimate(logp_new[mask], logp_ref[mask], "k3").mean()
+    if loss_type == "bnpo":  # the token mean, computed as it always was (stored notebooks rely on its digits)
+        policy_term = ppo_clip_loss(logp_new[mask], logp_old[mask], adv[mask], clip=clip)
+        return policy_term + beta * kl_estimate(logp_new[mask], logp_ref[mask], "k3").mean()
+    # ppo_clip_loss of one token is that token's negated clipped surrogate: map it over every token
+    per_token_policy = torch.vmap(lambda n, o, a: ppo_clip_loss(n, o, a, clip=clip))(
+        logp_new.reshape(-1, 1), logp_old.reshape(-1, 1), adv.reshape(-1, 1)).reshape(logp_new.shape)
+    per_token = per_token_policy + beta * kl_estimate(logp_new, logp_ref, "k3")
+    return aggregate_token_loss(torch.where(mask, per_token, 0.0), mask, loss_type, max_completion_length)
 
 
 def train_grpo(policy: nn.Module, ref: nn.Module, problems: list[tuple[int, int]], steps: int,
                prompts_per_step: int = 16, group_size: int = 8, lr: float = 1e-3, beta: float = 0.04,
-               clip: float = 0.2, inner_epochs: int = 2, seed: int = 0) -> dict[str, list[float]]:
+               clip: float = 0.2, inner_epochs: int = 2, seed: int = 0, scale_rewards: str = "group",
+               loss_type: str = "bnpo", reward_fn: Callable[[torch.Tensor], torch.Tensor] = arithmetic_reward,
+               eval_problems: list[tuple[int, int]] | None = None, eval_every: int = 25) -> dict[str, list[float]]:
     """GRPO: per step, sample ``group_size`` responses to each of ``prompts_per_step`` problems, then
-    take ``inner_epochs`` gradient steps on :func:`grpo_loss`. Returns per-step ``reward`` and ``kl``
-    (of the step's samples, before the update)."""
+    take ``inner_epochs`` gradient steps on :func:`grpo_loss`.
+
+    ``scale_rewards`` (:func:`utils.rl.grpo_variants.group_advantages`) and ``loss_type``
+    (:func:`grpo_loss`) take TRL's names; the defaults are GRPO's z-scores and the token mean.
+    ``reward_fn`` maps ``(batch, SEQ_LEN)`` sequences to ``(batch,)`` rewards.
+    Returns per-step ``reward`` (of ``reward_fn``) and ``kl`` (of the step's samples, before the
+    update), ``len_right`` / ``len_wrong`` (mean response length of the samples the checker
+    :func:`arithmetic_reward` accepts / rejects, NaN if none) and, every ``eval_every`` steps on
+    ``eval_problems``, ``eval_step``, ``eval_reward`` and ``eval_kl`` (:func:`evaluate`, checker's accuracy).
+    """
     for name, value in (("steps", steps), ("prompts_per_step", prompts_per_step), ("group_size", group_size),
-                        ("inner_epochs", inner_epochs)):
+                        ("inner_epochs", inner_epochs), ("eval_every", eval_every)):
         check_positive_int(name, value)
     check_positive("lr", lr)
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+    group_advantages(torch.zeros(group_size), group_size, scale_rewards)  # validates scale_rewards
     opt = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=lr)
     g = torch.Generator().manual_seed(seed)
-    history: dict[str, list[float]] = {"reward": [], "kl": []}
-    for _ in progress(range(steps), "GRPO", mininterval=5):
+    history: dict[str, list[float]] = {"reward": [], "kl": [], "len_right": [], "len_wrong": [], "eval_step": [],
+                                       "eval_reward": [], "eval_kl": []}
+
+    def evaluate_every(step: int) -> None:
+        if eval_problems is not None and step % eval_every == 0:
+            reward, kl = evaluate(policy, ref, eval_problems, seed=seed + 1)
+            history["eval_step"].append(step)
+            history["eval_reward"].append(reward)
+            history["eval_kl"].append(kl)
+
+    for step in progress(range(steps), "GRPO", mininterval=5):
+        evaluate_every(step)
         picks = torch.randint(len(problems), (prompts_per_step,), generator=g).tolist()
         prompts = prompt_tokens([problems[i] for i in picks]).repeat_interleave(group_size, 0)
         seq, logp_old = sample(policy, prompts, generator=g)
-        rewards = arithmetic_reward(seq)
-        advantages = grpo_advantages(rewards, group_size)
+        rewards = reward_fn(seq)
+        if scale_rewards == "group":
+            advantages = grpo_advantages(rewards, group_size)
+        else:
+            advantages = group_advantages(rewards, group_size, scale_rewards)
         mask = response_mask(seq)
         with torch.no_grad():
             logp_ref = token_logprobs(ref, seq)
             history["kl"].append(kl_to_reference(policy, ref, seq).mean().item())
-        history["reward"].append(rewards.mean().item())
+        history["reward"].append(rewards.float().mean().item())
+        len_right, len_wrong = lengths_by_correctness(seq)
+        history["len_right"].append(len_right)
+        history["len_wrong"].append(len_wrong)
         for _ in range(inner_epochs):
-            loss = grpo_loss(token_logprobs(policy, seq), logp_old, logp_ref, advantages, mask, clip, beta)
+            loss = grpo_loss(token_logprobs(policy, seq), logp_old, logp_ref, advantages, mask, clip, beta,
+                             loss_type=loss_type)
             opt.zero_grad()
             loss.backward()
             opt.step()
+    evaluate_every(steps)
     return history
+
+
+def lengths_by_correctness(sequences: torch.Tensor) -> tuple[float, float]:
+    """``(mean length of right responses, mean length of wrong ones)`` in tokens, end mark included;
+    right and wrong as :func:`arithmetic_reward` says; NaN where there is none."""
+    lengths = response_mask(sequences).sum(-1).float()
+    right = arithmetic_reward(sequences) == 1
+    mean = lambda sel: lengths[sel].mean().item() if sel.any() else float("nan")  # noqa: E731
+    return mean(right), mean(~right)
 
 
 @torch.no_grad()
@@ -185,6 +248,40 @@ def train_dpo(policy: nn.Module, ref: nn.Module, chosen: torch.Tensor, rejected:
         history["loss"].append(loss.item())
         history["margin"].append(beta * ((pc - ref_c[idx]) - (pr - ref_r[idx])).mean().item())
     evaluate_every(steps)  # the trained policy too, when steps falls on the evaluation grid
+    return history
+
+
+def expert_iteration(policy: nn.Module, ref: nn.Module, problems: list[tuple[int, int]], rounds: int,
+                     samples_per_problem: int = 8, steps: int = 50, lr: float = 1e-3, batch_size: int = 64,
+                     seed: int = 0, eval_problems: list[tuple[int, int]] | None = None) -> dict[str, list[float]]:
+    """Expert iteration: ``rounds`` times, sample ``samples_per_problem`` answers to each problem from the
+    current ``policy``, keep those :func:`arithmetic_reward` accepts, and fine-tune on them with SFT's loss
+    (:func:`utils.rl.tiny_lm.train_lm`, ``response_only=True``, ``steps`` AdamW steps).
+
+    One round is rejection-sampling fine-tuning (Llama 2, arXiv:2307.09288, section 3.2.3, with a
+    reward model in place of the checker); repeated on the model's own accepted samples it is STaR
+    (arXiv:2203.14465) or ReST's grow/improve loop (arXiv:2308.08998). Every accepted sample is kept,
+    duplicates included, so a problem weighs by how often it is solved. Returns per round
+    ``round``, ``accepted`` (samples kept) and, on ``eval_problems``, ``reward`` and ``kl`` (:func:`evaluate`).
+    """
+    for name, value in (("rounds", rounds), ("samples_per_problem", samples_per_problem), ("steps", steps)):
+        check_positive_int(name, value)
+    history: dict[str, list[float]] = {"round": [], "accepted": [], "reward": [], "kl": []}
+    for k in range(rounds):
+        g = torch.Generator().manual_seed(seed * 1000 + k)
+        with torch.no_grad():
+            seq, _ = sample(policy, prompt_tokens(problems).repeat_interleave(samples_per_problem, 0), generator=g)
+        accepted = seq[arithmetic_reward(seq) == 1]
+        if len(accepted) == 0:
+            raise ValueError("the checker accepted no sample; sample more per problem")
+        train_lm(policy, accepted, steps=steps, lr=lr, batch_size=batch_size, response_only=True,
+                 seed=seed * 1000 + k, desc=f"expert iteration, round {k + 1}")
+        history["round"].append(k + 1)
+        history["accepted"].append(len(accepted))
+        if eval_problems is not None:
+            reward, kl = evaluate(policy, ref, eval_problems, seed=seed + 1)
+            history["reward"].append(reward)
+            history["kl"].append(kl)
     return history
 
 
