@@ -115,6 +115,17 @@ def grpo_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Te
     return aggregate_token_loss(torch.where(mask, per_token, 0.0), mask, loss_type, max_completion_length)
 
 
+def _record_evaluation(policy: nn.Module, ref: nn.Module, eval_problems: list[tuple[int, int]] | None,
+                       eval_every: int, seed: int, step: int, history: dict[str, list[float]], reward_key: str,
+                       kl_key: str) -> None:
+    """Append :func:`evaluate`'s reward and KL at ``step`` to ``history`` when ``step`` is on the evaluation grid."""
+    if eval_problems is not None and step % eval_every == 0:
+        reward, kl = evaluate(policy, ref, eval_problems, seed=seed + 1)
+        history["eval_step"].append(step)
+        history[reward_key].append(reward)
+        history[kl_key].append(kl)
+
+
 def train_grpo(policy: nn.Module, ref: nn.Module, problems: list[tuple[int, int]], steps: int,
                prompts_per_step: int = 16, group_size: int = 8, lr: float = 1e-3, beta: float = 0.04,
                clip: float = 0.2, inner_epochs: int = 2, seed: int = 0, scale_rewards: str = "group",
@@ -144,11 +155,7 @@ def train_grpo(policy: nn.Module, ref: nn.Module, problems: list[tuple[int, int]
                                        "eval_reward": [], "eval_kl": []}
 
     def evaluate_every(step: int) -> None:
-        if eval_problems is not None and step % eval_every == 0:
-            reward, kl = evaluate(policy, ref, eval_problems, seed=seed + 1)
-            history["eval_step"].append(step)
-            history["eval_reward"].append(reward)
-            history["eval_kl"].append(kl)
+        _record_evaluation(policy, ref, eval_problems, eval_every, seed, step, history, "eval_reward", "eval_kl")
 
     for step in progress(range(steps), "GRPO", mininterval=5):
         evaluate_every(step)
@@ -231,11 +238,7 @@ def train_dpo(policy: nn.Module, ref: nn.Module, chosen: torch.Tensor, rejected:
     history: dict[str, list[float]] = {"loss": [], "margin": [], "eval_step": [], "reward": [], "kl": []}
 
     def evaluate_every(step: int) -> None:
-        if eval_problems is not None and step % eval_every == 0:
-            reward, kl = evaluate(policy, ref, eval_problems, seed=seed + 1)
-            history["eval_step"].append(step)
-            history["reward"].append(reward)
-            history["kl"].append(kl)
+        _record_evaluation(policy, ref, eval_problems, eval_every, seed, step, history, "reward", "kl")
 
     for step in progress(range(steps), "DPO", mininterval=5):
         evaluate_every(step)
