@@ -117,3 +117,14 @@ def test_moe_rejects_bad_layouts():
         plan_moe(DSV3, 128, 192, 128, Cluster("H100-SXM", 1024), _moe_layout())
     with pytest.raises(ValueError, match="ep_overlap"):
         plan_moe(DSV3, 128, 192, 128, H800ISH, _moe_layout(), ep_overlap=1.5)
+
+
+def test_moe_zero3_shards_parameters_and_gathers_twice():
+    one, three = (plan_moe(DSV3, 128, 192, 128, H800ISH, _moe_layout(zero_stage=z)) for z in (1, 3))
+    # ZeRO-3 (FSDP): the dense weights / 128 and the experts' / 2 (their DP group); gradients / DP too.
+    assert three.memory["parameters"] < one.memory["parameters"] / 2
+    assert three.memory["gradients"] < one.memory["gradients"] / 2
+    assert three.memory["optimizer"] == pytest.approx(one.memory["optimizer"])
+    # A second parameter all-gather per step: DP time grows by less than a half (grads are 4 bytes, weights 2).
+    ratio = three.time["DP communication (exposed)"] / one.time["DP communication (exposed)"]
+    assert 1.2 < ratio < 1.5
