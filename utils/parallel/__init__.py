@@ -81,6 +81,10 @@ ring_allreduce_time``; nothing is re-exported here:
   activations in flight counted on Megatron's schedule (interleaving, unequal chunks);
 - :mod:`utils.parallel.planning.published_runs`: Megatron-LM and Llama 3 runs with their layouts, and the
   planner against them;
+- :mod:`utils.parallel.planning.planner_5d`: the planner with context parallelism (dense) and expert
+  parallelism (MoE): CP's K/V ring and EP's all-to-alls priced, whether they hide;
+- :mod:`utils.parallel.planning.published_runs_5d`: Llama 3's 128K row (CP 16) and DeepSeek-V3's run
+  (PP 16, EP 64) against planner_5d, with the errors;
 - :mod:`utils.parallel.planning.planner_plots`: the device-mesh, plan and comparison figures of the
   planning chapter.
 

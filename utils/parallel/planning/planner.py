@@ -100,7 +100,8 @@ BLIND_SPOTS: tuple[tuple[str, str], ...] = (
     ("one efficiency for every GEMM", "no dependence on GEMM shape, GPU generation or software; the "
      "quantization option sees only tile and wave effects"),
     ("no non-matmul time", "LayerNorm, softmax, GELU/SwiGLU, dropout, optimizer step: folded into the efficiency"),
-    ("no context or expert parallelism", "Llama 3's 128K-context row (CP 16) and MoE models are out of reach"),
+    ("no context or expert parallelism here", "plan() is DP x TP x PP; planner_5d adds CP (Llama 3 at 128K) "
+     "and EP (MoE models)"),
     ("a GPT layer's activations", "Korthikanti's 34 sbh/t counts dropout masks and a 4h GELU MLP; a Llama "
      "layer (no dropout, SwiGLU, GQA) stores a little less"),
     ("no embedding or loss activations but the logits", "embedding dropout, the final norm and chunked "
