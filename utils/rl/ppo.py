@@ -27,14 +27,8 @@ from typing import NamedTuple
 
 import torch
 
-from utils.rl.objectives import ppo_clip_loss
+from utils.rl.objectives import _same_shape, kl_estimate, ppo_clip_loss
 from utils.validate import check_nonnegative, check_positive
-
-
-def _same_shape(**tensors: torch.Tensor) -> None:
-    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
-    if len(set(shapes.values())) != 1:
-        raise ValueError(f"inputs must have the same shape, got {shapes}")
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -170,8 +164,7 @@ def approx_kl(logp_new: torch.Tensor, logp_old: torch.Tensor) -> torch.Tensor:
     Each term is Schulman's k1 with the roles of the two policies set by the
     sampler: unbiased for ``KL(pi_old || pi)`` because the actions came from ``pi_old``.
     """
-    _same_shape(logp_new=logp_new, logp_old=logp_old)
-    return (logp_old - logp_new).mean()
+    return kl_estimate(logp_old, logp_new, "k1").mean()  # k1 = -log(pi / pi_old), the sampler pi_old
 
 
 def should_stop_early(kl: float, target_kl: float, margin: float = 1.5) -> bool:
