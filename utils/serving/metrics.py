@@ -1,0 +1,85 @@
+"""The latency metrics of an inference server, from the times at which a request's tokens appear.
+
+A request arrives at ``t_arrival`` and its output tokens appear at
+``t_1 <= t_2 <= ... <= t_n``. Then (the definitions vLLM's and SGLang's
+benchmark scripts print, and DistServe's, Zhong et al. 2024, arXiv:2401.09670):
+
+- **TTFT**, time to first token: ``t_1 - t_arrival`` (queueing plus prefill);
+- **ITL**, inter-token latencies: ``t_{i+1} - t_i``, one per later token;
+- **TPOT**, time per output token: ``(t_n - t_1) / (n - 1)``, the mean ITL of
+  one request (undefined for ``n = 1``);
+- **end-to-end latency**: ``t_n - t_arrival = TTFT + (n - 1) TPOT``;
+- **goodput** under an SLO: requests per second that meet both a TTFT and a
+  TPOT bound (DistServe, section 2), never more than throughput.
+
+The same functions take seconds or engine steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from utils.validate import check_positive
+
+__all__ = ["RequestTimes", "goodput", "inter_token_latencies", "time_per_output_token", "time_to_first_token"]
+
+
+def _check_times(arrival: float, token_times: Sequence[float]) -> None:
+    if not token_times:
+        raise ValueError("token_times is empty: a request's metrics need at least one output token")
+    if token_times[0] < arrival or any(b < a for a, b in zip(token_times, token_times[1:])):
+        raise ValueError(f"token times must not decrease and must not precede the arrival ({arrival}); "
+                         f"got {list(token_times)[:5]}...")
+
+
+def time_to_first_token(arrival: float, token_times: Sequence[float]) -> float:
+    """TTFT: ``t_1 - t_arrival``."""
+    _check_times(arrival, token_times)
+    return token_times[0] - arrival
+
+
+def inter_token_latencies(token_times: Sequence[float]) -> list[float]:
+    """ITL: ``t_{i+1} - t_i`` for every output token after the first."""
+    _check_times(token_times[0] if token_times else 0.0, token_times)
+    return [b - a for a, b in zip(token_times, token_times[1:])]
+
+
+def time_per_output_token(token_times: Sequence[float]) -> float | None:
+    """TPOT: ``(t_n - t_1) / (n - 1)``, the mean inter-token latency; ``None`` for a one-token output."""
+    _check_times(token_times[0] if token_times else 0.0, token_times)
+    n = len(token_times)
+    return None if n == 1 else (token_times[-1] - token_times[0]) / (n - 1)
+
+
+@dataclass(frozen=True)
+class RequestTimes:
+    """A finished request's arrival and the time each of its output tokens appeared (seconds or steps)."""
+
+    arrival: float
+    token_times: tuple[float, ...]
+
+    @property
+    def ttft(self) -> float:
+        return time_to_first_token(self.arrival, self.token_times)
+
+    @property
+    def tpot(self) -> float | None:
+        return time_per_output_token(self.token_times)
+
+    @property
+    def latency(self) -> float:
+        """End-to-end latency ``t_n - t_arrival``."""
+        return self.token_times[-1] - self.arrival
+
+
+def goodput(requests: Sequence[RequestTimes], duration: float, ttft_slo: float, tpot_slo: float) -> float:
+    """Requests per unit time, over ``duration``, whose TTFT <= ``ttft_slo`` and TPOT <= ``tpot_slo``.
+
+    A one-token request has no TPOT and meets the TPOT bound. DistServe (arXiv:2401.09670), section 2.
+    """
+    check_positive("duration", duration)
+    check_positive("ttft_slo", ttft_slo)
+    check_positive("tpot_slo", tpot_slo)
+    met = sum(r.ttft <= ttft_slo and (r.tpot is None or r.tpot <= tpot_slo) for r in requests)
+    return met / duration
