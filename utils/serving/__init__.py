@@ -9,6 +9,13 @@ Modules:
   of vLLM's automatic prefix caching;
 - :mod:`utils.serving.block_pool`: reference-counted KV blocks with prefix
   caching and LRU eviction of free cached blocks (vLLM's block pool);
+- :mod:`utils.serving.paged_forward`: the tiny LLaMA's forward over a ragged
+  batch of prefill chunks and decodes, K/V read and written through block tables;
+- :mod:`utils.serving.scheduler`: continuous (or static) batching with a token
+  budget per step, chunked prefill, admission by free blocks and preemption by
+  recompute (vLLM's scheduler);
+- :mod:`utils.serving.engine`: the engine that puts them together, with
+  per-request TTFT and TPOT in steps and seconds (``Engine``);
 - :mod:`utils.serving.metrics`: TTFT, ITL, TPOT, end-to-end latency and
   goodput under an SLO, from the times a request's tokens appear.
 """

@@ -1,0 +1,123 @@
+"""One forward pass of the tiny LLaMA over a *ragged* batch, with keys and values in a paged cache.
+
+This is the model-runner half of a serving engine. One engine step carries a
+segment of new tokens for each scheduled request: a whole or partial prompt
+(prefill, possibly a chunk of one), or the single last token of a request
+that is decoding. vLLM's v1 engine flattens them into one sequence of ``T``
+tokens, so every weight matrix is read once per step for all requests
+(Yu et al. 2022, Orca's "selective batching": the linear layers batch across
+requests, attention runs per request):
+
+- embedding, every ``Linear``, the norms and SwiGLU act on the ``(T, dim)``
+  tensor at once;
+- RoPE rotates each token by its own absolute position;
+- each segment's new keys and values are written into its blocks
+  (token at position ``p`` goes to block ``table[p // B]``, slot ``p % B``);
+- each segment's queries attend to its cached prefix and to themselves,
+  causally (query at position ``p`` sees keys ``0 .. p``).
+
+The arithmetic is :class:`utils.attention.llama.TinyLlama`'s, term for term,
+so in float64 the logits equal a one-request forward to rounding, and greedy
+tokens are identical.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from utils.attention.llama import TinyLlama, rms_norm
+from utils.attention.rope import apply_rope, rope_angles
+from utils.validate import check_positive_int
+
+__all__ = ["KVBlocks", "Segment", "forward_segments"]
+
+
+class KVBlocks:
+    """Key and value storage of every layer: ``(n_layers, num_blocks, block_size, n_kv_heads, head_dim)`` each."""
+
+    def __init__(self, model: TinyLlama, num_blocks: int, block_size: int,
+                 dtype: torch.dtype | None = None) -> None:
+        c = model.config
+        self.num_blocks = check_positive_int("num_blocks", num_blocks)
+        self.block_size = check_positive_int("block_size", block_size)
+        param = next(model.parameters())
+        shape = (c.n_layers, num_blocks, block_size, c.n_kv_heads, c.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype or param.dtype, device=param.device)
+        self.v = torch.zeros_like(self.k)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def slots(self, table: Sequence[int], start: int, stop: int) -> torch.Tensor:
+        """Flat slot indices (``block * block_size + offset``) of positions ``start .. stop - 1``."""
+        positions = torch.arange(start, stop)
+        blocks = torch.tensor(table, dtype=torch.long)[positions // self.block_size]
+        return (blocks * self.block_size + positions % self.block_size).to(self.k.device)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """New tokens of one request in a step: ``tokens`` at positions ``start ..``, stored in ``block_table``."""
+
+    tokens: tuple[int, ...]
+    start: int
+    block_table: tuple[int, ...]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+    """Causal GQA of ``n`` queries (positions ``start ..``) over ``start + n`` keys: ``(n, n_heads, head_dim)``."""
+    n, n_heads, head_dim = q.shape
+    group = n_heads // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = q.transpose(0, 1) @ k.permute(1, 2, 0) / math.sqrt(head_dim)  # (heads, n, start + n)
+    future = torch.ones(n, k.shape[0], dtype=torch.bool, device=q.device).triu(start + 1)
+    out = scores.masked_fill(future, float("-inf")).softmax(-1) @ v.transpose(0, 1)
+    return out.transpose(0, 1)
+
+
+@torch.no_grad()
+def forward_segments(model: TinyLlama, kv: KVBlocks, segments: Sequence[Segment]) -> torch.Tensor:
+    """Run every segment's tokens through ``model``, caching their K/V; logits of each segment's last token.
+
+    Returns ``(len(segments), vocab)``. The blocks of ``block_table`` must cover positions
+    ``0 .. start + len(tokens) - 1``, and positions ``0 .. start - 1`` must already be cached.
+    """
+    if not segments:
+        raise ValueError("forward_segments needs at least one segment")
+    c, device = model.config, kv.k.device
+    for s in segments:
+        if not s.tokens or s.start < 0 or len(s.block_table) * kv.block_size < s.start + len(s.tokens):
+            raise ValueError(f"segment at start {s.start} with {len(s.tokens)} tokens does not fit its "
+                             f"{len(s.block_table)} blocks of {kv.block_size}")
+    tokens = torch.tensor([t for s in segments for t in s.tokens], dtype=torch.long, device=device)
+    positions = torch.cat([torch.arange(s.start, s.start + len(s.tokens)) for s in segments])
+    cos, sin = rope_angles(int(positions.max()) + 1, c.head_dim, c.rope_base, device=device)
+    cos, sin = cos[positions.to(device), None, :], sin[positions.to(device), None, :]
+    write = [kv.slots(s.block_table, s.start, s.start + len(s.tokens)) for s in segments]
+    read = [kv.slots(s.block_table, 0, s.start + len(s.tokens)) for s in segments]
+    bounds = torch.tensor([0] + [len(s.tokens) for s in segments]).cumsum(0).tolist()
+
+    x = model.embed(tokens)
+    for layer, block in enumerate(model.blocks):
+        attn, h = block.attn, rms_norm(x, block.attn_norm, c.eps)
+        q = apply_rope(attn.wq(h).view(-1, c.n_heads, c.head_dim), cos, sin, c.rope_layout)
+        k = apply_rope(attn.wk(h).view(-1, c.n_kv_heads, c.head_dim), cos, sin, c.rope_layout)
+        v = attn.wv(h).view(-1, c.n_kv_heads, c.head_dim)
+        k_flat, v_flat = kv.k[layer].flatten(0, 1), kv.v[layer].flatten(0, 1)
+        out = torch.empty_like(q)
+        for i, s in enumerate(segments):
+            lo, hi = bounds[i], bounds[i + 1]
+            k_flat[write[i]], v_flat[write[i]] = k[lo:hi].to(kv.k.dtype), v[lo:hi].to(kv.v.dtype)
+            keys, values = k_flat[read[i]].to(q.dtype), v_flat[read[i]].to(q.dtype)
+            out[lo:hi] = _attend(q[lo:hi], keys, values, s.start)
+        x = x + attn.wo(out.flatten(1))
+        n = rms_norm(x, block.ffn_norm, c.eps)
+        x = x + block.w2(F.silu(block.w1(n)) * block.w3(n))
+    last = torch.tensor(bounds[1:], device=device) - 1
+    return model.out(rms_norm(x[last], model.norm, c.eps))
