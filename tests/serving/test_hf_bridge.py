@@ -29,3 +29,19 @@ def test_state_dict_is_detached_copy():
 def test_rejects_other_models():
     with pytest.raises(ValueError, match="TinyLlama"):
         to_hf_llama(torch.nn.Linear(2, 2))
+
+
+def test_transformers_continuous_batching_matches_the_book_engine():
+    from utils.serving.engine import Engine
+    from utils.serving.hf_bridge import hf_continuous_batching
+
+    torch.manual_seed(0)
+    model = TinyLlama(LlamaConfig(vocab=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2)).double().eval()
+    g = torch.Generator().manual_seed(1)
+    requests = [(torch.randint(0, 64, (int(n),), generator=g).tolist(), int(m))
+                for n, m in zip(torch.randint(2, 30, (6,), generator=g), torch.randint(2, 9, (6,), generator=g))]
+    engine = Engine(model, num_blocks=32, block_size=8, max_num_batched_tokens=32)
+    ids = [engine.add_request(p, n) for p, n in requests]
+    ours = engine.run()
+    theirs = hf_continuous_batching(to_hf_llama(model), requests, page_size=8, num_blocks=32, max_batch_tokens=32)
+    assert theirs == [ours[i] for i in ids]

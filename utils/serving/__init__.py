@@ -4,7 +4,7 @@ Modules:
 
 - :mod:`utils.serving.hf_bridge`: the book's tiny LLaMA as a Hugging Face
   ``LlamaForCausalLM`` (same weights, same logits), to hold the book's engines
-  against ``transformers``' own;
+  against ``transformers``' own, and its continuous batching (``generate_batch``);
 - :mod:`utils.serving.prefix_hash`: chained hashes of full KV blocks, the key
   of vLLM's automatic prefix caching;
 - :mod:`utils.serving.block_pool`: reference-counted KV blocks with prefix
@@ -16,6 +16,8 @@ Modules:
   recompute (vLLM's scheduler);
 - :mod:`utils.serving.engine`: the engine that puts them together, with
   per-request TTFT and TPOT in steps and seconds (``Engine``);
+- :mod:`utils.serving.trace`: Poisson request traces, replayed through an engine
+  in steps (the same on every machine) or in wall-clock seconds;
 - :mod:`utils.serving.metrics`: TTFT, ITL, TPOT, end-to-end latency and
   goodput under an SLO, from the times a request's tokens appear.
 """

@@ -111,11 +111,20 @@ class Engine:
         self._batched_tokens: list[int] = []
 
     @property
+    def elapsed_seconds(self) -> float:
+        """Seconds on ``clock`` since the engine was made."""
+        return self.clock() - self._start
+
+    @property
     def capacity_tokens(self) -> int:
         return self.kv.num_blocks * self.kv.block_size
 
-    def add_request(self, prompt: list[int], max_new_tokens: int) -> int:
-        """Queue a request for ``max_new_tokens`` greedy tokens after ``prompt``; returns its id."""
+    def add_request(self, prompt: list[int], max_new_tokens: int, *, arrival: float | None = None) -> int:
+        """Queue a request for ``max_new_tokens`` greedy tokens after ``prompt``; returns its id.
+
+        ``arrival`` is when the request arrived, in seconds since the engine started (default: now); a replay
+        that adds requests between steps passes their true arrival so that TTFT counts the wait for the step.
+        """
         check_positive_int("max_new_tokens", max_new_tokens)
         prompt = [int(t) for t in prompt]
         if not prompt:
@@ -134,7 +143,10 @@ class Engine:
         request_id = len(self._requests)
         request = Request(request_id, prompt, max_new_tokens)
         self._requests[request_id] = request
-        self._arrival[request_id] = (self._steps, self.clock() - self._start)
+        now = self.clock() - self._start
+        if arrival is not None and not 0 <= arrival <= now:
+            raise ValueError(f"arrival must lie between the engine's start (0) and now ({now:.3f} s), got {arrival}")
+        self._arrival[request_id] = (self._steps, now if arrival is None else arrival)
         self._token_times[request_id] = []
         self.scheduler.waiting.append(request)
         return request_id

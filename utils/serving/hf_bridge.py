@@ -35,7 +35,7 @@ from utils.attention.rope import permute_rows_to_neox
 if TYPE_CHECKING:  # transformers is imported only when a conversion runs
     from transformers import LlamaForCausalLM
 
-__all__ = ["hf_config", "hf_state_dict", "to_hf_llama"]
+__all__ = ["hf_config", "hf_continuous_batching", "hf_state_dict", "to_hf_llama"]
 
 
 def hf_config(model: TinyLlama, max_position_embeddings: int = 4096):
@@ -88,3 +88,39 @@ def to_hf_llama(model: TinyLlama, max_position_embeddings: int = 4096) -> "Llama
     hf = LlamaForCausalLM(hf_config(model, max_position_embeddings))
     hf.load_state_dict(hf_state_dict(model), strict=True)
     return hf.to(device=param.device, dtype=param.dtype).eval()
+
+
+def hf_continuous_batching(hf_model: "LlamaForCausalLM", requests: list[tuple[list[int], int]],
+                           page_size: int = 16, num_blocks: int = 64, max_batch_tokens: int = 64) -> list[list[int]]:
+    """Greedy tokens of ``requests`` (``(prompt, max_new_tokens)`` pairs) from ``transformers``' continuous batching.
+
+    ``generate_batch`` (transformers >= 5) runs its own scheduler over its own paged cache in a background
+    thread and returns when every request is done. It takes one ``max_new_tokens`` per call, so requests are
+    grouped by it; the outputs come back in the order of ``requests``. No end-of-sequence token is set, so every
+    request runs to its length, as :class:`utils.serving.engine.Engine`'s do.
+    """
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    from transformers.utils import logging as hf_logging
+
+    if not requests:
+        return []
+    outputs: list[list[int] | None] = [None] * len(requests)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its notice that no end-of-sequence token is set
+    try:
+        for n_new in sorted({n for _, n in requests}):
+            chosen = [i for i, (_, n) in enumerate(requests) if n == n_new]
+            config = GenerationConfig(max_new_tokens=n_new, do_sample=False, pad_token_id=0)
+            batching = ContinuousBatchingConfig(page_size=page_size, num_blocks=num_blocks,
+                                                max_batch_tokens=max_batch_tokens)
+            results = hf_model.generate_batch(inputs=[list(requests[i][0]) for i in chosen], generation_config=config,
+                                              continuous_batching_config=batching, warmup=False)
+            ordered = sorted(results.values(), key=lambda r: int(r.request_id.rsplit("_", 1)[-1]))
+            for i, result in zip(chosen, ordered):
+                if list(result.prompt_ids) != list(requests[i][0]):
+                    raise RuntimeError(f"transformers returned request {result.request_id} out of order")
+                outputs[i] = list(result.generated_tokens)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return outputs
