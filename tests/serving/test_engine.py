@@ -114,3 +114,13 @@ def test_bad_engine_arguments(model):
         Engine(model, num_blocks=8, block_size=BLOCK, max_num_batched_tokens=8, policy="fifo")
     with pytest.raises(ValueError, match="TinyLlama"):
         Engine(torch.nn.Linear(2, 2), num_blocks=8, block_size=BLOCK, max_num_batched_tokens=8)
+
+
+def test_schedule_records_phases_and_preemptions(model):
+    requests = workload(3)
+    _, stats = serve(model, requests, num_blocks=9, block_size=BLOCK, max_num_batched_tokens=16)
+    phases = [phase for record in stats.schedule for _, _, phase in record.chunks]
+    assert {"prefill", "decode"} <= set(phases)
+    assert sum(len(r.preempted) for r in stats.schedule) == stats.preemptions > 0
+    decodes = sum(n for r in stats.schedule for _, n, phase in r.chunks if phase == "decode")
+    assert decodes <= sum(n - 1 for _, n in requests)  # every decode step feeds back one generated token

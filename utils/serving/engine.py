@@ -28,7 +28,7 @@ from utils.serving.paged_forward import KVBlocks, Segment, forward_segments
 from utils.serving.scheduler import Request, Scheduler
 from utils.validate import check_positive_int
 
-__all__ = ["Engine", "EngineStats", "RequestStats"]
+__all__ = ["Engine", "EngineStats", "RequestStats", "StepRecord"]
 
 
 @dataclass(frozen=True)
@@ -60,15 +60,32 @@ class RequestStats:
 
 
 @dataclass(frozen=True)
+class StepRecord:
+    """What one step ran: ``(request id, tokens, "prefill" or "decode")`` per chunk, and whom it preempted."""
+
+    chunks: tuple[tuple[int, int, str], ...]
+    preempted: tuple[int, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n, _ in self.chunks)
+
+
+@dataclass(frozen=True)
 class EngineStats:
     """Per-request stats and the engine's totals."""
 
     requests: dict[int, RequestStats]
     steps: int
     seconds: float
-    batched_tokens: list[int]
-    """Tokens run in each step (prefill chunks plus decodes)."""
+    schedule: list[StepRecord]
+    """What each step ran."""
     preemptions: int
+
+    @property
+    def batched_tokens(self) -> list[int]:
+        """Tokens run in each step (prefill chunks plus decodes)."""
+        return [record.num_tokens for record in self.schedule]
 
     @property
     def prefix_hit_tokens(self) -> int:
@@ -77,6 +94,12 @@ class EngineStats:
     @property
     def output_tokens(self) -> int:
         return sum(r.output_tokens for r in self.requests.values())
+
+
+def _phase(request: Request, segment: Segment) -> str:
+    """``"decode"`` for the one newest token of a request past its prompt, else ``"prefill"`` (recompute included)."""
+    newest = len(request.tokens) - 1
+    return "decode" if len(segment.tokens) == 1 and segment.start == newest >= len(request.prompt) else "prefill"
 
 
 class Engine:
@@ -108,7 +131,7 @@ class Engine:
         self._token_times: dict[int, list[tuple[int, float]]] = {}
         self._finished: set[int] = set()
         self._steps = 0
-        self._batched_tokens: list[int] = []
+        self._schedule: list[StepRecord] = []
 
     @property
     def elapsed_seconds(self) -> float:
@@ -166,7 +189,9 @@ class Engine:
         logits = forward_segments(self.model, self.kv, segments)
         self._steps += 1
         now = self.clock() - self._start
-        self._batched_tokens.append(sum(c.num_tokens for c in chunks))
+        self._schedule.append(StepRecord(
+            tuple((c.request.request_id, c.num_tokens, _phase(c.request, seg)) for c, seg in zip(chunks, segments)),
+            tuple(self.scheduler.preempted_last)))
         done = []
         for chunk, row in zip(chunks, logits):
             request = chunk.request
@@ -197,5 +222,5 @@ class Engine:
                 steps=RequestTimes(arrival_step, tuple(float(s) for s, _ in times)),
                 seconds=RequestTimes(arrival_s, tuple(t for _, t in times)),
                 cached_tokens=r.cached_tokens, preemptions=r.preemptions)
-        return EngineStats(per_request, self._steps, self.clock() - self._start, list(self._batched_tokens),
+        return EngineStats(per_request, self._steps, self.clock() - self._start, list(self._schedule),
                            self.scheduler.preemptions)

@@ -85,6 +85,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
+        self.preempted_last: list[int] = []
+        """Ids of the requests the last :meth:`schedule` preempted, in order."""
 
     def _blocks_needed(self, request: Request, num_tokens: int) -> int:
         return -(-(request.num_computed + num_tokens) // self.block_size) - len(request.blocks)
@@ -95,6 +97,7 @@ class Scheduler:
         request.blocks, request.hashes, request.num_computed = [], [], 0
         request.preemptions += 1
         self.preemptions += 1
+        self.preempted_last.append(request.request_id)
         self.waiting.appendleft(request)
 
     def _take_cached_prefix(self, request: Request) -> None:
@@ -115,6 +118,7 @@ class Scheduler:
     def schedule(self) -> list[ScheduledChunk]:
         """The chunks of the next step; blocks for them are allocated, preempting if the pool runs out."""
         budget, chunks, preempted = self.max_num_batched_tokens, [], False
+        self.preempted_last = []
         for request in list(self.running):
             if request not in self.running or budget == 0:
                 continue
