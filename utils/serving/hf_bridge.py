@@ -101,13 +101,14 @@ def hf_continuous_batching(hf_model: "LlamaForCausalLM", requests: list[tuple[li
     """
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
-    from transformers.utils import logging as hf_logging
+    import logging
 
     if not requests:
         return []
     outputs: list[list[int] | None] = [None] * len(requests)
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # its notice that no end-of-sequence token is set
+    cb_logger = logging.getLogger("ContinuousBatchingLogger")  # transformers' continuous_batching/utils.py
+    level = cb_logger.level
+    cb_logger.setLevel(logging.ERROR)  # its notice that no end-of-sequence token is set
     try:
         for n_new in sorted({n for _, n in requests}):
             chosen = [i for i, (_, n) in enumerate(requests) if n == n_new]
@@ -122,5 +123,5 @@ def hf_continuous_batching(hf_model: "LlamaForCausalLM", requests: list[tuple[li
                     raise RuntimeError(f"transformers returned request {result.request_id} out of order")
                 outputs[i] = list(result.generated_tokens)
     finally:
-        hf_logging.set_verbosity(verbosity)
+        cb_logger.setLevel(level)
     return outputs
