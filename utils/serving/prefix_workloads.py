@@ -218,7 +218,8 @@ def prefill_cost(model: str, n_new: int, n_cached: int = 0, bytes_per_elem: int 
     """FLOPs and HBM bytes of prefilling ``n_new`` tokens after ``n_cached`` cached ones, for ``model``.
 
     FLOPs ``= 2 N n + 4 L H d sum_{i=c}^{c+n-1} (i + 1) = 2 N n + 2 L H d [(c+n)(c+n+1) - c(c+1)]``:
-    the matmuls (Kaplan et al. 2020, ``2N`` per token, ``N`` = :func:`~utils.attention.decode_cost.params_read_per_step`)
+    the matmuls (Kaplan et al. 2020, ``2N`` per token,
+    ``N`` = :func:`~utils.attention.decode_cost.params_read_per_step`)
     and causal attention, token ``i`` against ``i + 1`` keys, as in :mod:`utils.attention.decode_cost`.
     Bytes ``= N b`` (the weights, once) ``+`` the KV cache of ``c + n`` tokens (the cached part read,
     the new part written). A cache hit of ``c`` tokens saves ``prefill_cost(m, c + n) - prefill_cost(m, n, c)``;

@@ -209,7 +209,10 @@ class RadixTree:
             node = node.parent
 
     def evict(self, num_tokens: int) -> int:
-        """Delete least recently used unlocked leaves until ``num_tokens`` are gone (or none is left); returns the count."""
+        """Delete least recently used unlocked leaves until ``num_tokens`` are gone (or none is left).
+
+        Returns the tokens freed: whole leaves go, so it may be more than ``num_tokens``.
+        """
         check_nonnegative_int("num_tokens", num_tokens)
         heap = [(n.last_access, n.id, n) for n in self._all_nodes()
                 if not n.children and n.lock_ref == 0]
