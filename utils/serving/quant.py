@@ -43,7 +43,8 @@ FP8_E4M3_MAX = 448.0
 arXiv:2209.05433, Table 1)."""
 
 
-def _check_bits_group(bits: int, group_size: int, in_features: int | None = None) -> None:
+def check_bits_group(bits: int, group_size: int, in_features: int | None = None) -> None:
+    """Raise ``ValueError`` unless ``bits`` is 4 or 8 and ``group_size`` an even integer >= 2 dividing ``in_features``."""
     if bits not in SUPPORTED_BITS:
         raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {bits!r}")
     if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 2 or group_size % 2:
@@ -60,7 +61,7 @@ def quantize(w: torch.Tensor, bits: int, group_size: int) -> tuple[torch.Tensor,
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
         raise ValueError(f"w must be a 2-D floating-point tensor (out_features, in_features), got "
                          f"{getattr(w, 'shape', type(w).__name__)}")
-    _check_bits_group(bits, group_size, w.shape[1])
+    check_bits_group(bits, group_size, w.shape[1])
     out_features, in_features = w.shape
     maxq = 2**bits - 1
     groups = w.float().reshape(out_features, in_features // group_size, group_size)
@@ -87,7 +88,7 @@ def unpack_int4(q: torch.Tensor) -> torch.Tensor:
 def dequantize(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int, bits: int
                ) -> torch.Tensor:
     """``w_hat = (q - z) * s`` group by group: the weight :func:`quantize` stands for, in ``scales``' dtype."""
-    _check_bits_group(bits, group_size)
+    check_bits_group(bits, group_size)
     levels = unpack_int4(q) if bits == 4 else q
     if levels.dim() != 2 or levels.dtype != torch.uint8:
         raise ValueError(f"q must be a 2-D uint8 tensor, got {q.dtype} of shape {tuple(q.shape)}")
@@ -108,7 +109,7 @@ def bytes_per_weight(bits: int, group_size: int, scale_bytes: int = 2, zero_byte
     With this module's layout (fp16 scales, uint8 zeros) int4 in groups of 128 costs
     ``0.5 + 3 / 128 = 0.523`` bytes per weight against fp16's 2: what decode reads per parameter per step.
     """
-    _check_bits_group(bits, group_size)
+    check_bits_group(bits, group_size)
     for name, value in (("scale_bytes", scale_bytes), ("zero_bytes", zero_bytes)):
         if not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
