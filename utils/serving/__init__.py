@@ -20,4 +20,7 @@ Modules:
   in steps (the same on every machine) or in wall-clock seconds;
 - :mod:`utils.serving.metrics`: TTFT, ITL, TPOT, end-to-end latency and
   goodput under an SLO, from the times a request's tokens appear.
+- :mod:`utils.serving.quant`: group-wise round-to-nearest weight quantisation
+  (int8, packed int4) and an int8 / FP8 KV cache, with their bytes per element
+  (the Triton matmul that reads them is :mod:`utils.kernels.quant_matmul`).
 """
