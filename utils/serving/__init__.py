@@ -7,4 +7,11 @@ Modules:
   against ``transformers``' own;
 - :mod:`utils.serving.prefix_hash`: chained hashes of full KV blocks, the key
   of vLLM's automatic prefix caching.
+- :mod:`utils.serving.tiny_corpus`: a seeded synthetic corpus (a sparse Markov
+  chain with copied spans) and the tiny target and draft models trained on it;
+- :mod:`utils.serving.speculative`: speculative decoding, the rejection rule
+  that keeps the target's distribution, and its expected speed-up
+  (chapter 4, lab 2);
+- :mod:`utils.serving.goodness_of_fit`: Pearson's chi-square test, to check that
+  sampled tokens follow a distribution.
 """
