@@ -23,4 +23,12 @@ Modules:
 - :mod:`utils.serving.quant`: group-wise round-to-nearest weight quantisation
   (int8, packed int4) and an int8 / FP8 KV cache, with their bytes per element
   (the Triton matmul that reads them is :mod:`utils.kernels.quant_matmul`).
+  of vLLM's automatic prefix caching.
+- :mod:`utils.serving.tiny_corpus`: a seeded synthetic corpus (a sparse Markov
+  chain with copied spans) and the tiny target and draft models trained on it;
+- :mod:`utils.serving.speculative`: speculative decoding, the rejection rule
+  that keeps the target's distribution, and its expected speed-up
+  (chapter 4, lab 2);
+- :mod:`utils.serving.goodness_of_fit`: Pearson's chi-square test, to check that
+  sampled tokens follow a distribution.
 """
