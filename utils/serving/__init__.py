@@ -22,8 +22,7 @@ Modules:
   goodput under an SLO, from the times a request's tokens appear.
 - :mod:`utils.serving.quant`: group-wise round-to-nearest weight quantisation
   (int8, packed int4) and an int8 / FP8 KV cache, with their bytes per element
-  (the Triton matmul that reads them is :mod:`utils.kernels.quant_matmul`).
-  of vLLM's automatic prefix caching.
+  (the Triton matmul that reads them is :mod:`utils.kernels.quant_matmul`);
 - :mod:`utils.serving.tiny_corpus`: a seeded synthetic corpus (a sparse Markov
   chain with copied spans) and the tiny target and draft models trained on it;
 - :mod:`utils.serving.speculative`: speculative decoding, the rejection rule
