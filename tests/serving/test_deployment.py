@@ -40,7 +40,7 @@ def test_kv_heads_are_split_then_replicated_under_tp():
 def test_tp_adds_two_ring_allreduces_per_layer():
     m, layout = d.dense_shape("Llama-3-70B"), d.Layout(tp=4, overlap=False)
     s = d.step(m, layout, 32, 1024)
-    one = ring_allreduce_time(4, 32 * 8192 * 2, hardware.spec("H100-SXM").nvlink_bandwidth, 0.0)
+    one = ring_allreduce_time(4, 32 * 8192 * 2, hardware.spec("H100-SXM").nvlink_bandwidth / 2, 0.0)
     assert s.comm == pytest.approx(2 * 80 * one)
     assert s.seconds == pytest.approx(s.compute + s.comm)
     assert d.step(m, d.Layout(tp=4), 32, 1024).seconds == pytest.approx(max(s.compute, s.comm))
@@ -52,6 +52,8 @@ def test_ep_bytes_per_token():
     # low-latency (decode): each of the 8 expert copies, remote unless on the own node
     assert d.ep_bytes_per_token(v3, d.Layout(ep=72)) == pytest.approx(8 * per_copy * 64 / 72)
     assert d.ep_bytes_per_token(v3, d.Layout(ep=8)) == 0  # one node: NVLink only
+    assert d.nvlink_bytes_per_token(v3, d.Layout(ep=8)) == pytest.approx(8 * per_copy * 7 / 8)
+    assert d.nvlink_bytes_per_token(v3, d.Layout(ep=72)) == pytest.approx(8 * per_copy * 7 / 72)
     # node-limited (prefill): at most 4 of the 4 nodes, 3/4 of them remote
     assert d.ep_bytes_per_token(v3, d.Layout(ep=32, nodes_per_token=4)) == pytest.approx(4 * 0.75 * per_copy)
 

@@ -20,7 +20,7 @@ A layout says how a model's work is split:
 
 One GPU's step is the sum, over the parts it runs, of each part's roofline
 (:func:`utils.serving.step_time.step_seconds`'s rule), plus communication:
-``2 L`` ring all-reduces over NVLink for TP
+``2 L`` ring all-reduces over NVLink (half its two-way figure each way) for TP
 (:func:`utils.parallel.comm.network.ring_allreduce_time`, latency left out), and
 for EP the bytes each GPU sends to other GPUs over its network link. With
 ``overlap=True`` the communication hides behind computation (DeepSeek's and
@@ -165,6 +165,13 @@ def ep_bytes_per_token(model: ModelShape, layout: Layout) -> float:
     return min(layout.nodes_per_token, nodes) * (nodes - 1) / nodes * per_copy
 
 
+def nvlink_bytes_per_token(model: ModelShape, layout: Layout) -> float:
+    """Bytes one token sends per MoE layer to the other GPUs of its own node: the ``k (min(ep, g) - 1) / ep``
+    expert copies that land there, each dispatched and combined over NVLink."""
+    per_copy = model.hidden * (layout.dispatch_bytes + layout.combine_bytes)
+    return model.top_k * per_copy * (min(layout.ep, layout.gpus_per_node) - 1) / layout.ep
+
+
 def step(model: ModelShape, layout: Layout, batch: int, context: int, gpu: str = "H100-SXM",
          prefill: bool = False) -> Step:
     """One GPU's step: ``batch`` sequences (those of its TP group, or its own under DP attention) over ``context``.
@@ -200,10 +207,12 @@ def step(model: ModelShape, layout: Layout, batch: int, context: int, gpu: str =
         touched = min(slots, expert_tokens) if layout.ep > 1 else min(model.n_routed, expert_tokens)
         parts["routed experts"] = _roof(OpCost(2 * expert_tokens * model.expert_params * model.moe_layers / tp,
                                                wb * touched * model.expert_params * model.moe_layers / tp), peak, bw)
-        if layout.ep > 1:
-            comm += model.moe_layers * tokens * ep_bytes_per_token(model, layout) / layout.network_bytes_per_s
+        if layout.ep > 1:  # the network and NVLink carry their shares at the same time
+            network, nvlink = ep_bytes_per_token(model, layout), nvlink_bytes_per_token(model, layout)
+            comm += model.moe_layers * tokens * max(network / layout.network_bytes_per_s,
+                                                    nvlink / (g.nvlink_bandwidth / 2))
     if tp > 1:
-        per_allreduce = ring_allreduce_time(tp, tokens * model.hidden * 2, g.nvlink_bandwidth, 0.0)
+        per_allreduce = ring_allreduce_time(tp, tokens * model.hidden * 2, g.nvlink_bandwidth / 2, 0.0)
         comm += 2 * model.attention.n_layers * per_allreduce
     compute = sum(parts.values())
     parts["communication"] = comm
