@@ -30,4 +30,12 @@ Modules:
   (chapter 4, lab 2);
 - :mod:`utils.serving.goodness_of_fit`: Pearson's chi-square test, to check that
   sampled tokens follow a distribution.
+- :mod:`utils.serving.step_time`: the roofline time of one engine step (prefill
+  chunks and decode sequences), TTFT, TPOT, the latency-throughput curve and
+  Little's law (chapter "What an inference server optimises");
+- :mod:`utils.serving.deployment`: one GPU's step under tensor parallelism
+  (KV heads split, then replicated), data-parallel attention and expert
+  parallelism, and tokens/s per GPU at a TPOT target; held against
+  :mod:`utils.serving.published_deployments` (DeepSeek's and SGLang's
+  DeepSeek-V3 deployments) in chapter "Serving on many GPUs".
 """
