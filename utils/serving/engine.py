@@ -28,7 +28,7 @@ from utils.serving.paged_forward import KVBlocks, Segment, forward_segments
 from utils.serving.scheduler import Request, Scheduler
 from utils.validate import check_positive_int
 
-__all__ = ["Engine", "EngineStats", "RequestStats", "StepRecord"]
+__all__ = ["Engine", "EngineStats", "RequestStats", "StepRecord", "chunk_phase"]
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class EngineStats:
         return sum(r.output_tokens for r in self.requests.values())
 
 
-def _phase(request: Request, segment: Segment) -> str:
+def chunk_phase(request: Request, segment: Segment) -> str:
     """``"decode"`` for the one newest token of a request past its prompt, else ``"prefill"`` (recompute included)."""
     newest = len(request.tokens) - 1
     return "decode" if len(segment.tokens) == 1 and segment.start == newest >= len(request.prompt) else "prefill"
@@ -190,7 +190,7 @@ class Engine:
         self._steps += 1
         now = self.clock() - self._start
         self._schedule.append(StepRecord(
-            tuple((c.request.request_id, c.num_tokens, _phase(c.request, seg)) for c, seg in zip(chunks, segments)),
+            tuple((c.request.request_id, c.num_tokens, chunk_phase(c.request, seg)) for c, seg in zip(chunks, segments)),
             tuple(self.scheduler.preempted_last)))
         done = []
         for chunk, row in zip(chunks, logits):
