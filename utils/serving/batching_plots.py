@@ -15,7 +15,8 @@ from matplotlib.patches import Patch
 
 from utils.serving.engine import StepRecord
 
-__all__ = ["PHASE_COLORS", "draw_schedule", "plot_schedule"]
+__all__ = ["PHASE_COLORS", "draw_schedule", "interference_run", "plot_capacity", "plot_chunking_tradeoff", "plot_interference",
+           "plot_schedule"]
 
 PHASE_COLORS = {"prefill": "#e69f00", "decode": "#0072b2"}
 """Orange for prompt (or recomputed) tokens, blue for one decoded token."""
@@ -58,5 +59,92 @@ def plot_schedule(schedule: Sequence[StepRecord], budget: int | None = None, tit
     """The whole schedule of a run as one figure (see :func:`draw_schedule`)."""
     fig, ax = plt.subplots(figsize=figsize)
     draw_schedule(ax, schedule, budget=budget, title=title)
+    fig.tight_layout()
+    return fig
+
+
+def interference_run(budget: int, n_decoding: int = 32, prompt_len: int = 8000, context: int = 1000,
+                     model: str = "Llama-3-8B", gpu: str = "H100-SXM") -> tuple:
+    """The chapter's scenario on the roofline clock (:func:`utils.serving.simulate.simulate`).
+
+    ``n_decoding`` requests with ``context``-token prompts are decoding (long outputs) when a
+    ``prompt_len``-token prompt arrives, 10 ms after the last of them got its first token; a step budget of
+    ``budget`` tokens (``budget >= prompt_len + n_decoding`` runs the prompt in one step). Returns
+    ``(run, arrival, longest_gap)``: the run (the long prompt is its last request), the prompt's arrival, and
+    the longest gap between two tokens of a decoding request that ends after the arrival.
+    """
+    from utils.serving.simulate import simulate
+    from utils.serving.step_time import Roof, served_model
+    from utils.serving.trace import TimedRequest
+
+    served, roof = served_model(model), Roof.of(gpu)
+    budget = max(budget, n_decoding + 1)
+    decoding = [TimedRequest(0.0, (1,) * context, 160) for _ in range(n_decoding)]
+    blocks = (n_decoding * (context + 160) + prompt_len) // 16 + n_decoding + 2
+
+    def run_of(trace):
+        return simulate(trace, served, roof, num_blocks=blocks, block_size=16, max_num_batched_tokens=budget,
+                        max_num_seqs=n_decoding + 1)
+
+    arrival = max(r.token_times[0] for r in run_of(decoding).requests) + 0.010
+    run = run_of(decoding + [TimedRequest(arrival, (2,) * prompt_len, 2)])
+    gap = max(b - a for r in run.requests[:-1] for a, b in zip(r.token_times, r.token_times[1:]) if b > arrival)
+    return run, arrival, gap
+
+
+def plot_interference(token_budget: int = 512, n_decoding: int = 32, prompt_len: int = 8000) -> Figure:
+    """Steps on the roofline clock (Llama-3-8B, H100 SXM) around the long prompt's arrival: each bar one step, its
+    height the step's time, orange where it carried prompt tokens beyond the decodes."""
+    run, arrival, gap = interference_run(token_budget, n_decoding, prompt_len)
+    fig, ax = plt.subplots(figsize=(7.0, 3.0))
+    start, window = 0.0, (arrival - 0.012, run.requests[-1].token_times[0] + 0.05)
+    for record, dt in zip(run.schedule, run.step_seconds):
+        if window[0] <= start <= window[1]:
+            prompt = sum(n for _, n, phase in record.chunks if phase == "prefill")
+            ax.bar((start - arrival) * 1e3, dt * 1e3, width=dt * 1e3, align="edge", edgecolor="white", linewidth=0.3,
+                   color=PHASE_COLORS["prefill" if prompt else "decode"])
+        start += dt
+    ax.axvline(0, color="black", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("ms since the long prompt arrived (roofline bound)")
+    ax.set_ylabel("step time (ms)")
+    ax.set_title(f"budget {max(token_budget, n_decoding + 1)}: longest gap between tokens {gap * 1e3:.1f} ms, TTFT of the "
+                 f"{prompt_len}-token prompt {run.requests[-1].ttft * 1e3:.0f} ms", fontsize=9)
+    ax.legend(handles=[Patch(color=PHASE_COLORS["prefill"], label="step with a prompt chunk"),
+                       Patch(color=PHASE_COLORS["decode"], label="decode-only step")], fontsize=7, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def plot_chunking_tradeoff(budgets: Sequence[int], longest_gap_ms: Sequence[float], ttft_ms: Sequence[float],
+                           plain_step_ms: float) -> Figure:
+    """The longest inter-token gap of the decoding requests and the long prompt's TTFT, against the step budget."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    ax.plot(budgets, longest_gap_ms, "o-", color=PHASE_COLORS["decode"], label="longest gap between tokens")
+    ax.plot(budgets, ttft_ms, "s-", color=PHASE_COLORS["prefill"], label="TTFT of the long prompt")
+    ax.axhline(plain_step_ms, color="gray", linestyle=":", label="a decode-only step")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("token budget per step")
+    ax.set_ylabel("ms (roofline bound)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_capacity(rates: Sequence[float], curves: dict[str, dict[str, Sequence[float]]]) -> Figure:
+    """Mean TTFT, the 99th percentile of inter-token gaps and goodput against the request rate, one line per
+    policy; ``curves[policy][panel title]`` holds one value per rate."""
+    fig, axes = plt.subplots(1, 3, figsize=(9.0, 2.8))
+    styles = {"static": ("s--", "#999999"), "continuous": ("o-", PHASE_COLORS["decode"]),
+              "continuous, chunked": ("^-", PHASE_COLORS["prefill"])}
+    for name, curve in curves.items():
+        marker, color = styles.get(name, ("d-", "black"))
+        for ax, key in zip(axes, ("mean TTFT (s)", "p99 gap between tokens (ms)", "goodput (req/s)")):
+            ax.plot(rates, curve[key], marker, color=color, label=name, markersize=4)
+            ax.set_title(key, fontsize=9)
+            ax.set_xlabel("requests per second")
+    axes[0].set_yscale("log")
+    axes[2].plot(rates, rates, ":", color="gray", label="every request")
+    axes[2].legend(fontsize=6)
     fig.tight_layout()
     return fig

@@ -18,6 +18,8 @@ Two clocks replay a trace:
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -53,8 +55,10 @@ def poisson_trace(n_requests: int, rate: float, prompt_len: tuple[int, int], out
     _check_range("prompt_len", prompt_len)
     _check_range("output_len", output_len)
     g = torch.Generator().manual_seed(seed)
-    gaps = torch.empty(n_requests, dtype=torch.float64).exponential_(rate, generator=g)
-    arrivals = (gaps.cumsum(0) - gaps[0]).tolist()  # the first request arrives at 0
+    # Inverse transform, -ln(1 - u) / rate, in Python floats: the same gaps on every CPU (a vectorised sampler
+    # may differ in the last bits between instruction sets).
+    gaps = [-math.log1p(-u) / rate for u in torch.rand(n_requests, dtype=torch.float64, generator=g).tolist()]
+    arrivals = [0.0] + list(itertools.accumulate(gaps[1:]))  # the first request arrives at 0
     trace = []
     for arrival in arrivals:
         n_prompt = int(torch.randint(prompt_len[0], prompt_len[1] + 1, (1,), generator=g))
