@@ -4,10 +4,11 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from utils.attention import PagedKVCache
 from utils.attention.paged_attention import contiguous_attention, paged_attention
-from utils.device import device, manual_seed
+from utils.device import INTERPRETER, device, manual_seed
 from utils.kernels.paged_attention import block_tables_tensor, paged_decode
 from utils.kernels.split_kv_decode import choose_num_splits, merge_partials, split_kv_attention, split_kv_decode
 
@@ -99,3 +100,20 @@ def test_bad_inputs_are_refused():
         split_kv_decode(q.half(), cache.k_blocks, cache.v_blocks, tables, lengths, num_splits=2)
     with pytest.raises(ValueError, match="q must have shape"):
         split_kv_attention(q[0], cache, seqs)
+
+
+@settings(max_examples=12, deadline=None)
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=3), num_splits=st.integers(1, 6),
+       block_size=st.sampled_from([2, 4, 8]), group=st.sampled_from([1, 3, 4]))
+def test_any_lengths_splits_block_sizes_and_groups(lengths, num_splits, block_size, group):
+    cache, seqs = _cache(lengths, block_size=block_size, num_blocks=3 * 40)
+    q = torch.randn(len(seqs), 2 * group, 16, device=device())
+    torch.testing.assert_close(split_kv_attention(q, cache, seqs, num_splits=num_splits),
+                               paged_attention(q, cache, seqs), **TOLERANCE[torch.float32])
+
+
+@pytest.mark.skipif(not INTERPRETER, reason="bf16 is refused only under the interpreter")
+def test_bf16_is_refused_under_the_interpreter():
+    cache, seqs = _cache([5])
+    with pytest.raises(ValueError, match="bfloat16"):
+        split_kv_attention(torch.zeros(1, 2, 16, dtype=torch.bfloat16), cache, seqs, num_splits=2)

@@ -4,8 +4,8 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from utils.serving.quant import (FP8_E4M3_MAX, bytes_per_weight, dequantize, dequantize_kv, kv_bytes_per_element,
-                                 quantize, quantize_kv, unpack_int4)
+from utils.serving.quant import (FP8_E4M3_MAX, bytes_per_weight, dequantize, dequantize_kv, fake_quantize,
+                                 kv_bytes_per_element, quantize, quantize_kv, unpack_int4)
 
 
 def _weight(out_features=6, in_features=64, seed=0, dtype=torch.float32):
@@ -130,3 +130,13 @@ def test_kv_refusals():
         dequantize_kv(torch.zeros(2, 4).to(torch.float8_e4m3fn), torch.ones(2))
     with pytest.raises(ValueError, match="int8 or float8"):
         dequantize_kv(torch.zeros(2, 4), torch.ones(2))
+
+
+def test_fake_quantize_is_the_round_trip_and_idempotent():
+    w = _weight(dtype=torch.float16)
+    once = fake_quantize(w, 4, 16)
+    assert once.dtype == w.dtype and once.shape == w.shape
+    assert torch.equal(once, dequantize(*quantize(w, 4, 16), 16, 4))
+    assert (once.float() - w.float()).abs().max() > 0
+    on_grid = fake_quantize(w.float(), 4, 16)  # both ends of each range are levels: requantising keeps the grid
+    torch.testing.assert_close(fake_quantize(on_grid, 4, 16), on_grid, rtol=1e-5, atol=1e-6)

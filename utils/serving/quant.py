@@ -103,6 +103,12 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group
     return w.reshape(out_features, in_features).to(scales.dtype)
 
 
+def fake_quantize(w: torch.Tensor, bits: int, group_size: int) -> torch.Tensor:
+    """``dequantize(*quantize(w, bits, group_size), group_size, bits)``: ``w`` rounded to its quantised values, in
+    ``w``'s dtype and shape (to measure what quantisation does to a model's outputs without a quantised kernel)."""
+    return dequantize(*quantize(w, bits, group_size), group_size, bits)
+
+
 def bytes_per_weight(bits: int, group_size: int, scale_bytes: int = 2, zero_bytes: int = 1) -> float:
     """Bytes of memory per weight, scales and zero points included: ``bits / 8 + (scale_bytes + zero_bytes) / group_size``.
 
