@@ -40,7 +40,7 @@ def test_step_seconds_is_the_sum_of_two_rooflines_and_overlap_is_never_slower():
 def test_overlap_form_equals_part_3s_decode_cost():
     model, roof = st.served_model("Llama-3-8B"), st.Roof.of("H100-SXM", "fp16")
     for batch, context in ((1, 0), (32, 2048), (256, 512)):
-        cost = st.step_cost(model, [context] * batch) if context else st.step_cost(model, [0] * batch)
+        cost = st.step_cost(model, [context] * batch)  # context 0: no cache, as decode_cost leaves it out
         want = batch / decode_cost.decode_tokens_per_second(decode_cost.params_read_per_step("Llama-3-8B"),
                                                              MODELS["Llama-3-8B"], batch, context)
         assert st.step_seconds(cost, roof, overlap=True) == pytest.approx(want, rel=1e-12)

@@ -22,9 +22,10 @@ One GPU's step is the sum, over the parts it runs, of each part's roofline
 (:func:`utils.serving.step_time.step_seconds`'s rule), plus communication:
 ``2 L`` ring all-reduces over NVLink (half its two-way figure each way) for TP
 (:func:`utils.parallel.comm.network.ring_allreduce_time`, latency left out), and
-for EP the bytes each GPU sends to other GPUs over its network link. With
-``overlap=True`` the communication hides behind computation (DeepSeek's and
-SGLang's two micro-batches), so the step is ``max(compute, comm)``. With
+for EP the bytes each GPU sends to other GPUs over its network link. A TP
+all-reduce sits between two layers and adds to the step; with ``overlap=True``
+the EP all-to-alls hide behind computation (DeepSeek's and SGLang's two
+micro-batches), so the step is ``max(compute, comm)``. With
 speculative decoding or multi-token prediction each sequence computes ``q``
 tokens per step and keeps ``accepted`` of them on average.
 """
@@ -216,7 +217,8 @@ def step(model: ModelShape, layout: Layout, batch: int, context: int, gpu: str =
         comm += 2 * model.attention.n_layers * per_allreduce
     compute = sum(parts.values())
     parts["communication"] = comm
-    seconds = max(compute, comm) if layout.overlap else compute + comm
+    # EP's all-to-alls hide behind the other micro-batch; a TP all-reduce feeds the next layer and cannot
+    seconds = max(compute, comm) if layout.overlap and tp == 1 else compute + comm
     return Step(parts, compute, comm, seconds)
 
 
