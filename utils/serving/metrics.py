@@ -9,8 +9,11 @@ benchmark scripts print, and DistServe's, Zhong et al. 2024, arXiv:2401.09670):
 - **TPOT**, time per output token: ``(t_n - t_1) / (n - 1)``, the mean ITL of
   one request (undefined for ``n = 1``);
 - **end-to-end latency**: ``t_n - t_arrival = TTFT + (n - 1) TPOT``;
-- **goodput** under an SLO: requests per second that meet both a TTFT and a
-  TPOT bound (DistServe, section 2), never more than throughput.
+- **SLO attainment**: the share of requests that meet both a TTFT and a TPOT
+  bound (their service-level objectives);
+- **goodput** (DistServe, section 2): "the maximum request rate that can be
+  served adhering to the SLO attainment goal (say, 90%)", found by serving a
+  workload at several rates.
 
 The same functions take seconds or engine steps.
 """
@@ -22,7 +25,8 @@ from dataclasses import dataclass
 
 from utils.validate import check_positive
 
-__all__ = ["RequestTimes", "goodput", "inter_token_latencies", "time_per_output_token", "time_to_first_token"]
+__all__ = ["RequestTimes", "goodput", "inter_token_latencies", "slo_attainment", "time_per_output_token",
+           "time_to_first_token"]
 
 
 def _check_times(arrival: float, token_times: Sequence[float]) -> None:
@@ -73,13 +77,27 @@ class RequestTimes:
         return self.token_times[-1] - self.arrival
 
 
-def goodput(requests: Sequence[RequestTimes], duration: float, ttft_slo: float, tpot_slo: float) -> float:
-    """Requests per unit time, over ``duration``, whose TTFT <= ``ttft_slo`` and TPOT <= ``tpot_slo``.
-
-    A one-token request has no TPOT and meets the TPOT bound. DistServe (arXiv:2401.09670), section 2.
-    """
-    check_positive("duration", duration)
+def slo_attainment(requests: Sequence[RequestTimes], ttft_slo: float, tpot_slo: float) -> float:
+    """The share of ``requests`` whose TTFT <= ``ttft_slo`` and TPOT <= ``tpot_slo`` (a one-token request has no
+    TPOT and meets that bound)."""
     check_positive("ttft_slo", ttft_slo)
     check_positive("tpot_slo", tpot_slo)
+    if not requests:
+        raise ValueError("slo_attainment needs at least one request")
     met = sum(r.ttft <= ttft_slo and (r.tpot is None or r.tpot <= tpot_slo) for r in requests)
-    return met / duration
+    return met / len(requests)
+
+
+def goodput(rates: Sequence[float], attainments: Sequence[float], goal: float = 0.9) -> float:
+    """DistServe's goodput: the highest request rate, of those tried, whose SLO attainment reaches ``goal``.
+
+    ``attainments[i]`` is :func:`slo_attainment` of the workload served at ``rates[i]``; 0 if no rate meets the
+    goal. Zhong et al. 2024 (arXiv:2401.09670), section 2.
+    """
+    if len(rates) != len(attainments) or not rates:
+        raise ValueError(f"rates and attainments must be non-empty and of one length, got {len(rates)} and "
+                         f"{len(attainments)}")
+    if not 0 < goal <= 1:
+        raise ValueError(f"goal must lie in (0, 1], got {goal}")
+    met = [rate for rate, share in zip(rates, attainments) if share >= goal]
+    return max(met, default=0.0)
