@@ -45,7 +45,7 @@ def draw_schedule(ax: Axes, schedule: Sequence[StepRecord], upto: int | None = N
     handles = [Patch(color=c, label=p) for p, c in PHASE_COLORS.items()]
     if any(record.preempted for record in schedule):
         handles.append(plt.Line2D([], [], marker="x", color="#d55e00", linestyle="", mew=2, label="preempted"))
-    ax.legend(handles=handles, loc="lower right", fontsize=7, framealpha=0.9)
+    ax.legend(handles=handles, loc="upper right", fontsize=7, framealpha=0.9)
     if upto is not None and 0 < upto <= len(schedule):
         record = schedule[upto - 1]
         used = f"{record.num_tokens} tokens" + (f" of a budget of {budget}" if budget else "")
