@@ -193,3 +193,30 @@ def test_speculative_generate_rejects_bad_inputs(models):
         speculative_generate(target, draft, torch.tensor([[1, 2], [3, 4]]), 3, 2)
     with pytest.raises(ValueError, match="alpha"):
         expected_tokens_per_step(1.5, 3)
+
+
+def test_verify_pass_costs_one_decode_step_while_memory_bound():
+    from utils.attention.decode_cost import decode_step_cost, params_read_per_step
+    from utils.attention.kv_cache import MODELS
+    from utils.gpu.roofline import min_seconds
+    from utils.serving.speculative import roofline_speedup, verify_step_cost
+
+    n, cfg = params_read_per_step("Llama-3-8B"), MODELS["Llama-3-8B"]
+    one, five = decode_step_cost(n, cfg, 1, 2048), verify_step_cost(n, cfg, 1, 2048, 4)
+    assert five.nbytes == one.nbytes and five.flops == pytest.approx(5 * one.flops)
+    assert min_seconds(five) == min_seconds(one)
+    assert roofline_speedup(0.8, 4, 0.05, n, cfg, 1, 2048) == pytest.approx(expected_speedup(0.8, 4, 0.05))
+    # no cache: B (k+1) tokens at ~1 FLOP/byte each meet the H100's ridge (~295) near B = 59, and the gain
+    # falls below 1 once t_verify > 3.16 t_decode, i.e. 5 B / 295 > 3.16: B > 187
+    assert roofline_speedup(0.8, 4, 0.05, n, cfg, 50, 0) == pytest.approx(expected_speedup(0.8, 4, 0.05))
+    assert roofline_speedup(0.8, 4, 0.05, n, cfg, 180, 0) > 1 > roofline_speedup(0.8, 4, 0.05, n, cfg, 195, 0)
+
+
+def test_result_records_the_proposals(models):
+    target, draft = models
+    result = speculative_generate(target, draft, torch.tensor([[4, 4, 1]]), 20, 3)
+    assert [len(p) for p in result.proposals] == result.drafted
+    position = 3
+    for proposal, kept in zip(result.proposals, result.accepted):
+        assert result.tokens[0, position: position + kept].tolist() == proposal[:kept]
+        position += kept + 1

@@ -9,7 +9,7 @@ draft token ``x`` is kept with probability ``min(1, p(x) / q(x))``; on the first
 rejection a token is drawn from the residual ``norm(max(0, p - q))`` and the
 step ends; if all ``k`` are kept, a bonus token is drawn from the target's
 ``(k+1)``-th distribution. Every emitted token is then distributed exactly as
-``p`` (Leviathan et al., Appendix A.1; proved in the chapter):
+``p`` (Leviathan et al., appendix; proved in the chapter):
 
 ``P(y) = q(y) min(1, p(y)/q(y)) + (1 - sum_x min(p(x), q(x))) * max(0, p(y) - q(y)) / Z = p(y)``,
 
@@ -21,7 +21,7 @@ target's argmax, so the output is exactly the target's greedy output.
 
 If each draft token is accepted independently with probability ``alpha``
 (Leviathan et al.'s simplifying assumption, section 3.4), a step emits
-``(1 - alpha^(k+1)) / (1 - alpha)`` tokens on average (their Equation 1), and
+``(1 - alpha^(k+1)) / (1 - alpha)`` tokens on average (their section 3), and
 with a draft that costs ``c`` target forward passes per token, the expected
 walltime improvement is ``(1 - alpha^(k+1)) / ((1 - alpha)(k c + 1))``
 (their Theorem 3.8).
@@ -33,12 +33,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from utils.attention.decode_cost import decode_step_cost
+from utils.attention.kv_cache import AttentionConfig
 from utils.attention.llama import TinyLlama
+from utils.gpu.roofline import OpCost, min_seconds
 from utils.validate import check_nonnegative, check_nonnegative_int, check_positive_int
 
 __all__ = ["SpeculativeResult", "accept_draft", "expected_acceptance", "expected_speedup",
-           "expected_tokens_per_step", "optimal_k", "probabilities", "simulate_tokens_per_step",
-           "speculative_generate"]
+           "expected_tokens_per_step", "optimal_k", "probabilities", "roofline_speedup", "simulate_tokens_per_step",
+           "speculative_generate", "verify_step_cost"]
 
 _SUM_TOLERANCE = 1e-3
 
@@ -118,6 +121,8 @@ class SpeculativeResult:
     tokens: torch.Tensor
     drafted: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    proposals: list[list[int]] = field(default_factory=list)
+    """``proposals[s]``: the draft tokens of step ``s`` (kept or not), for pages that draw the steps."""
 
     @property
     def target_calls(self) -> int:
@@ -195,6 +200,7 @@ def speculative_generate(target: TinyLlama, draft: TinyLlama, prompt: torch.Tens
         emitted = accept_draft(p, q, proposal, generator)
         seq.extend(emitted)
         result.drafted.append(k_step)
+        result.proposals.append(proposal)
         result.accepted.append(len(emitted) - 1)
         _truncate(target_caches, len(seq) - 1)  # the last emitted token is not yet in any cache
         _truncate(draft_caches, len(seq) - 1)
@@ -211,7 +217,7 @@ def _check_alpha(alpha: float) -> float:
 def expected_tokens_per_step(alpha: float, k: int) -> float:
     """``(1 - alpha^(k+1)) / (1 - alpha)``: tokens per target pass with i.i.d. acceptance ``alpha``; ``k+1`` at 1.
 
-    Leviathan et al. 2023, Equation 1: the step emits ``1 + min(k, number of
+    Leviathan et al. 2023, section 3: the step emits ``1 + min(k, number of
     kept tokens before the first rejection)``, a capped geometric variable.
     """
     alpha = _check_alpha(alpha)
@@ -251,3 +257,33 @@ def simulate_tokens_per_step(alpha: float, k: int, n_steps: int, generator: torc
     kept = torch.rand(n_steps, k, generator=generator, dtype=torch.float64) < alpha
     accepted = kept.int().cumprod(-1).sum(-1)  # kept tokens before the first rejection
     return float((accepted + 1).double().mean())
+
+
+def verify_step_cost(n_params: float, config: AttentionConfig, batch: int, context: int, k: int,
+                     bytes_per_elem: int = 2) -> OpCost:
+    """FLOPs and HBM bytes of one verification pass: ``k + 1`` tokens for each of ``batch`` sequences.
+
+    The FLOPs are those of a decode step of ``batch (k + 1)`` tokens; the bytes those of a decode step
+    of ``batch`` tokens, since the ``k + 1`` tokens of a sequence share its weights' and its cache's reads
+    (:func:`utils.attention.decode_cost.decode_step_cost`; the few extra cache rows are left out).
+    """
+    check_nonnegative_int("k", k)
+    check_positive_int("batch", batch)
+    flops = decode_step_cost(n_params, config, batch * (k + 1), context, bytes_per_elem).flops
+    return OpCost(flops, decode_step_cost(n_params, config, batch, context, bytes_per_elem).nbytes)
+
+
+def roofline_speedup(alpha: float, k: int, c: float, n_params: float, config: AttentionConfig, batch: int,
+                     context: int, gpu: str = "H100-SXM", precision: str = "bf16") -> float:
+    """Leviathan's speed-up with the verify pass priced on the roofline instead of assumed free.
+
+    ``E[tokens] t_decode / (t_verify + k c t_decode)``, with ``t_decode`` and ``t_verify`` the roofline
+    times (:func:`utils.gpu.roofline.min_seconds`) of a decode step and of :func:`verify_step_cost` at
+    ``batch``. While decode is memory-bound ``t_verify ~ t_decode`` and this is :func:`expected_speedup`;
+    once ``batch (k + 1)`` tokens make the pass compute-bound, ``t_verify`` grows with ``k + 1`` and the
+    gain shrinks below 1.
+    """
+    t_decode = min_seconds(decode_step_cost(n_params, config, batch, context), gpu, precision)
+    t_verify = min_seconds(verify_step_cost(n_params, config, batch, context, k), gpu, precision)
+    check_nonnegative("c (draft cost ratio)", c, finite=True)
+    return expected_tokens_per_step(alpha, k) * t_decode / (t_verify + k * c * t_decode)
