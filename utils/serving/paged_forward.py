@@ -112,7 +112,7 @@ def forward_segments(model: TinyLlama, kv: KVBlocks, segments: Sequence[Segment]
             raise ValueError(f"segment at start {s.start} with {len(s.tokens)} tokens does not fit its "
                              f"{len(s.block_table)} blocks of {kv.block_size}")
     tokens = torch.tensor([t for s in segments for t in s.tokens], dtype=torch.long, device=device)
-    positions = torch.cat([torch.arange(s.start, s.start + len(s.tokens)) for s in segments])
+    positions = torch.tensor([p for s in segments for p in range(s.start, s.start + len(s.tokens))])
     cos, sin = rope_angles(int(positions.max()) + 1, c.head_dim, c.rope_base, device=device)
     cos, sin = cos[positions.to(device), None, :], sin[positions.to(device), None, :]
     bounds = torch.tensor([0] + [len(s.tokens) for s in segments]).cumsum(0).tolist()
