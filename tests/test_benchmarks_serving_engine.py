@@ -1,4 +1,4 @@
-"""benchmarks.serving_engine: its CPU smoke mode, its refusal without a GPU, its roofline bound, its place in the harness."""
+"""benchmarks.serving_engine: CPU smoke mode, refusal without a GPU, roofline bound, place in the harness."""
 
 import json
 import re
@@ -36,7 +36,7 @@ def test_cpu_smoke_run_times_decode_only_steps_of_both_paths(tmp_path, capsys):
 
 
 def test_the_bound_of_the_1b_model_at_batch_64():
-    """TinyLlama-1.1B's shape: its parameter count, and the H100 step bound derived by hand (both parts memory-bound)."""
+    """TinyLlama-1.1B's shape: parameter count, and the H100 step bound derived by hand (both parts memory-bound)."""
     with torch.device("meta"):
         model = TinyLlama(serving_engine.TINYLLAMA_1B)
     served = serving_engine.served_model(model, "1.1B")
