@@ -9,9 +9,10 @@ Run from the repository root on a machine with a CUDA GPU, torch and triton (no 
 It runs the cases of :mod:`benchmarks.gpu_architecture` (HBM copy, vector add, fused
 softmax, tiled matmul against cuBLAS), :mod:`benchmarks.attention` (FlashAttention
 against every SDPA backend and naive attention, RMSNorm, RoPE, the SwiGLU gate),
-:mod:`benchmarks.hopper_kernels` and :mod:`benchmarks.decode_kernels` (split-KV decode
-against the unsplit paged kernel, the int4 matmul against torch), each
-checked against its reference before it is timed with ``triton.testing.do_bench``
+:mod:`benchmarks.hopper_kernels`, :mod:`benchmarks.decode_kernels` (split-KV decode
+against the unsplit paged kernel, the int4 matmul against torch) and :mod:`benchmarks.serving_engine`
+(the engine's decode tokens/s at batch 64 on a 1.1B model against the roofline bound), each
+checked against its reference before it is timed with ``triton.testing.do_bench`` (the engine: its own steps)
 (median, L2 flushed between runs, inputs of 1 GiB or more for the memory-bound kernels).
 It prints the header (GPU, driver's name, date, versions, peaks) and one table, and
 records both as JSON with a roofline of every kernel (``<gpu>-roofline.png``).
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import sys
 
-from benchmarks import attention, collectives, decode_kernels, gpu_architecture, hopper_kernels
+from benchmarks import attention, collectives, decode_kernels, gpu_architecture, hopper_kernels, serving_engine
 from benchmarks.common import Result, run
 from utils.gpu.hardware import GpuSpec
 
@@ -35,6 +36,8 @@ NOT_YET_RECORDED: dict[str, str] = {
     "split-KV paged decode": _NO_GPU_YET,
     "int4 matmul (decode)": _NO_GPU_YET,
     "int8 matmul (decode)": _NO_GPU_YET,
+    "serving engine decode": _NO_GPU_YET,
+    "serving engine decode (per-request attention loop)": _NO_GPU_YET,
 }
 """Cases the harness runs that ``benchmarks/results/h100-sxm.json`` does not hold yet, and why. The next run of
 ``python -m benchmarks`` on an H100 records them; then empty this (``tests/test_benchmarks_harness.py`` checks
@@ -42,11 +45,11 @@ both ways)."""
 
 
 def cases(on_gpu: bool, quick: bool, gpu: GpuSpec | None) -> list[Result]:
-    """Part 1's cases, then part 3's, then the Hopper kernels, then part 5's decode kernels, then the collectives
-    (with two GPUs or more)."""
+    """Part 1's cases, then part 3's, then the Hopper kernels, then part 5's decode kernels and serving engine,
+    then the collectives (with two GPUs or more)."""
     return (gpu_architecture.cases(on_gpu, quick, gpu) + attention.cases(on_gpu, quick, gpu)
             + hopper_kernels.cases(on_gpu, quick, gpu) + decode_kernels.cases(on_gpu, quick, gpu)
-            + collectives.cases(on_gpu, quick, gpu))
+            + serving_engine.cases(on_gpu, quick, gpu) + collectives.cases(on_gpu, quick, gpu))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,7 @@ import torch
 from utils.attention.llama import TinyLlama
 from utils.serving.block_pool import BlockPool
 from utils.serving.metrics import RequestTimes
-from utils.serving.paged_forward import KVBlocks, Segment, forward_segments
+from utils.serving.paged_forward import DECODE_ATTENTION, KVBlocks, Segment, forward_segments
 from utils.serving.scheduler import Request, Scheduler
 from utils.validate import check_positive_int
 
@@ -108,12 +108,17 @@ class Engine:
     ``max_num_batched_tokens`` is the token budget of one step. ``policy="static"`` admits a new batch only
     when the last one has finished (the baseline continuous batching replaces); ``max_num_seqs`` caps the
     requests running at once. ``clock`` gives the seconds recorded in :meth:`stats`.
+
+    ``decode_attention`` is how a step's decodes attend (:func:`utils.serving.paged_forward.forward_segments`):
+    ``"loop"`` request by request, ``"batched"`` in one call per layer (the Triton split-KV kernel on a GPU),
+    or ``"auto"`` (the default): ``"batched"`` when the cache is on a GPU, ``"loop"`` on a CPU. Greedy tokens
+    are the same either way in float64; in lower precision the two round differently.
     """
 
     def __init__(self, model: TinyLlama, num_blocks: int, block_size: int, max_num_batched_tokens: int,
                  prefix_caching: bool = False, *, max_num_seqs: int | None = None, chunked_prefill: bool = True,
                  policy: str = "continuous", kv_dtype: torch.dtype | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, decode_attention: str = "auto") -> None:
         if not isinstance(model, TinyLlama):
             raise ValueError(f"model must be a utils.attention.llama.TinyLlama, got {type(model).__name__}")
         check_positive_int("max_num_batched_tokens", max_num_batched_tokens)
@@ -121,6 +126,10 @@ class Engine:
             check_positive_int("max_num_seqs", max_num_seqs)
         self.model = model.eval()
         self.kv = KVBlocks(model, num_blocks, block_size, kv_dtype)
+        if decode_attention not in ("auto", *DECODE_ATTENTION):
+            raise ValueError(f"decode_attention must be 'auto' or one of {DECODE_ATTENTION}, got {decode_attention!r}")
+        self.decode_attention = decode_attention if decode_attention != "auto" else \
+            "batched" if self.kv.k.is_cuda else "loop"
         self.pool = BlockPool(num_blocks, prefix_caching)
         self.scheduler = Scheduler(self.pool, block_size, max_num_batched_tokens, max_num_seqs,
                                    chunked_prefill, policy)
@@ -186,19 +195,20 @@ class Engine:
             return []
         segments = [Segment(tuple(c.request.tokens[c.request.num_computed:c.request.num_computed + c.num_tokens]),
                             c.request.num_computed, tuple(c.request.blocks)) for c in chunks]
-        logits = forward_segments(self.model, self.kv, segments)
+        logits = forward_segments(self.model, self.kv, segments, self.decode_attention)
+        greedy = logits.argmax(-1).tolist()  # one copy to the host for the whole step
         self._steps += 1
         now = self.clock() - self._start
         self._schedule.append(StepRecord(
             tuple((c.request.request_id, c.num_tokens, chunk_phase(c.request, seg)) for c, seg in zip(chunks, segments)),
             tuple(self.scheduler.preempted_last)))
         done = []
-        for chunk, row in zip(chunks, logits):
+        for chunk, token in zip(chunks, greedy):
             request = chunk.request
             self.scheduler.computed(request, chunk.num_tokens)
             if request.num_computed < len(request.tokens):
                 continue  # a prompt chunk: no token yet
-            request.output.append(int(row.argmax()))
+            request.output.append(token)
             self._token_times[request.request_id].append((self._steps, now))
             if request.finished:
                 self.scheduler.finish(request)

@@ -19,6 +19,14 @@ requests, attention runs per request):
 The arithmetic is :class:`utils.attention.llama.TinyLlama`'s, term for term,
 so in float64 the logits equal a one-request forward to rounding, and greedy
 tokens are identical.
+
+``decode_attention`` chooses how the one-token segments (decodes) attend:
+``"loop"``, one request at a time like the prefill chunks; or all of them in one
+call per layer (:class:`utils.serving.batched_attention.DecodeBatch`:
+``"batched"`` runs the Triton split-KV kernel on a GPU and a batched PyTorch
+gather elsewhere, ``"torch"`` and ``"triton"`` force one). Prefill chunks always
+take the loop. Batched, every segment's keys and values are written in one
+scatter before any attention (segments never share a slot they write).
 """
 
 from __future__ import annotations
@@ -32,9 +40,13 @@ import torch.nn.functional as F
 
 from utils.attention.llama import TinyLlama, rms_norm
 from utils.attention.rope import apply_rope, rope_angles
+from utils.serving.batched_attention import BACKENDS, DecodeBatch
 from utils.validate import check_positive_int
 
-__all__ = ["KVBlocks", "Segment", "forward_segments"]
+__all__ = ["DECODE_ATTENTION", "KVBlocks", "Segment", "forward_segments"]
+
+DECODE_ATTENTION = ("loop", *BACKENDS)
+"""The values of ``forward_segments``'s ``decode_attention``."""
 
 
 class KVBlocks:
@@ -82,26 +94,40 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> to
 
 
 @torch.no_grad()
-def forward_segments(model: TinyLlama, kv: KVBlocks, segments: Sequence[Segment]) -> torch.Tensor:
+def forward_segments(model: TinyLlama, kv: KVBlocks, segments: Sequence[Segment],
+                     decode_attention: str = "loop") -> torch.Tensor:
     """Run every segment's tokens through ``model``, caching their K/V; logits of each segment's last token.
 
     Returns ``(len(segments), vocab)``. The blocks of ``block_table`` must cover positions
     ``0 .. start + len(tokens) - 1``, and positions ``0 .. start - 1`` must already be cached.
+    ``decode_attention``: one of :data:`DECODE_ATTENTION` (module docstring).
     """
     if not segments:
         raise ValueError("forward_segments needs at least one segment")
+    if decode_attention not in DECODE_ATTENTION:
+        raise ValueError(f"decode_attention must be one of {DECODE_ATTENTION}, got {decode_attention!r}")
     c, device = model.config, kv.k.device
     for s in segments:
         if not s.tokens or s.start < 0 or len(s.block_table) * kv.block_size < s.start + len(s.tokens):
             raise ValueError(f"segment at start {s.start} with {len(s.tokens)} tokens does not fit its "
                              f"{len(s.block_table)} blocks of {kv.block_size}")
     tokens = torch.tensor([t for s in segments for t in s.tokens], dtype=torch.long, device=device)
-    positions = torch.cat([torch.arange(s.start, s.start + len(s.tokens)) for s in segments])
+    positions = torch.tensor([p for s in segments for p in range(s.start, s.start + len(s.tokens))])
     cos, sin = rope_angles(int(positions.max()) + 1, c.head_dim, c.rope_base, device=device)
     cos, sin = cos[positions.to(device), None, :], sin[positions.to(device), None, :]
-    write = [kv.slots(s.block_table, s.start, s.start + len(s.tokens)) for s in segments]
-    read = [kv.slots(s.block_table, 0, s.start + len(s.tokens)) for s in segments]
     bounds = torch.tensor([0] + [len(s.tokens) for s in segments]).cumsum(0).tolist()
+    decodes = [] if decode_attention == "loop" else [i for i, s in enumerate(segments) if len(s.tokens) == 1]
+    looped = [i for i in range(len(segments)) if len(segments[i].tokens) > 1 or not decodes]
+    batch, write_all = None, None
+    if decodes:
+        batch = DecodeBatch([segments[i].block_table for i in decodes], [segments[i].start + 1 for i in decodes],
+                            kv.block_size, device, decode_attention,
+                            None if len(decodes) == len(segments) else [bounds[i] for i in decodes])
+        write_all = torch.tensor([s.block_table[p // kv.block_size] * kv.block_size + p % kv.block_size
+                                  for s in segments for p in range(s.start, s.start + len(s.tokens))]).to(device)
+    write = {i: kv.slots(segments[i].block_table, segments[i].start, segments[i].start + len(segments[i].tokens))
+             for i in looped if batch is None}
+    read = {i: kv.slots(segments[i].block_table, 0, segments[i].start + len(segments[i].tokens)) for i in looped}
 
     x = model.embed(tokens)
     for layer, block in enumerate(model.blocks):
@@ -110,12 +136,20 @@ def forward_segments(model: TinyLlama, kv: KVBlocks, segments: Sequence[Segment]
         k = apply_rope(attn.wk(h).view(-1, c.n_kv_heads, c.head_dim), cos, sin, c.rope_layout)
         v = attn.wv(h).view(-1, c.n_kv_heads, c.head_dim)
         k_flat, v_flat = kv.k[layer].flatten(0, 1), kv.v[layer].flatten(0, 1)
-        out = torch.empty_like(q)
-        for i, s in enumerate(segments):
-            lo, hi = bounds[i], bounds[i + 1]
-            k_flat[write[i]], v_flat[write[i]] = k[lo:hi].to(kv.k.dtype), v[lo:hi].to(kv.v.dtype)
+        if batch is not None:
+            k_flat[write_all], v_flat[write_all] = k.to(kv.k.dtype), v.to(kv.v.dtype)
+        if batch is not None and batch.rows is None:  # all decodes: one call, no loop
+            out = batch.attend(q, kv.k[layer], kv.v[layer])
+        else:
+            out = torch.empty_like(q)
+        for i in looped:
+            lo, hi, s = bounds[i], bounds[i + 1], segments[i]
+            if batch is None:
+                k_flat[write[i]], v_flat[write[i]] = k[lo:hi].to(kv.k.dtype), v[lo:hi].to(kv.v.dtype)
             keys, values = k_flat[read[i]].to(q.dtype), v_flat[read[i]].to(q.dtype)
             out[lo:hi] = _attend(q[lo:hi], keys, values, s.start)
+        if batch is not None and batch.rows is not None:
+            out[batch.rows] = batch.attend(q[batch.rows], kv.k[layer], kv.v[layer])
         x = x + attn.wo(out.flatten(1))
         n = rms_norm(x, block.ffn_norm, c.eps)
         x = x + block.w2(F.silu(block.w1(n)) * block.w3(n))

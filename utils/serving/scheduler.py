@@ -38,9 +38,13 @@ __all__ = ["POLICIES", "Request", "ScheduledChunk", "Scheduler"]
 POLICIES = ("continuous", "static")
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
-    """One request's tokens and progress: ``num_computed`` of ``prompt + output`` have K/V in ``blocks``."""
+    """One request's tokens and progress: ``num_computed`` of ``prompt + output`` have K/V in ``blocks``.
+
+    Requests compare by identity (``eq=False``): the scheduler's ``in`` and ``remove`` on its running list
+    would otherwise compare whole prompts, for every pair of running requests, every step.
+    """
 
     request_id: int
     prompt: list[int]
