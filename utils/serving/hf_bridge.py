@@ -39,7 +39,11 @@ __all__ = ["hf_config", "hf_continuous_batching", "hf_state_dict", "to_hf_llama"
 
 
 def hf_config(model: TinyLlama, max_position_embeddings: int = 4096):
-    """The ``transformers.LlamaConfig`` with ``model``'s sizes: untied embeddings, no biases, its RoPE base."""
+    """The ``transformers.LlamaConfig`` with ``model``'s sizes: untied embeddings, no biases, its RoPE base.
+
+    No beginning- or end-of-sequence token is set (Hugging Face's defaults are 1 and 2): the book's tiny models
+    have none, and ``generate`` would otherwise stop wherever the model happens to emit token 2.
+    """
     from transformers import LlamaConfig as HFLlamaConfig
 
     c = model.config
@@ -47,7 +51,7 @@ def hf_config(model: TinyLlama, max_position_embeddings: int = 4096):
                          num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
                          num_key_value_heads=c.n_kv_heads, rms_norm_eps=c.eps, rope_theta=c.rope_base,
                          max_position_embeddings=max_position_embeddings, tie_word_embeddings=False,
-                         attention_bias=False, mlp_bias=False)
+                         attention_bias=False, mlp_bias=False, bos_token_id=None, eos_token_id=None)
 
 
 def hf_state_dict(model: TinyLlama) -> dict[str, torch.Tensor]:
