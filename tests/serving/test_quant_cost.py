@@ -43,3 +43,12 @@ def test_scheme_bytes():
     assert scheme_bytes(SCHEMES["FP8 W8A8 + FP8 KV"], 128) == (1.0, 1.0)
     with pytest.raises(ValueError, match="batch"):
         quantised_decode_cost("Llama-3-8B", 0, 10)
+
+
+def test_plot_draws_only_batches_that_fit():
+    from utils.serving.quant_cost import plot_decode_bound
+    fig = plot_decode_bound("Llama-3-8B", context=32768, max_batch=256)
+    fp16_line = fig.axes[1].lines[0]
+    assert max(fp16_line.get_xdata()) < 256  # fp16 caches of 32K tokens fill 80 GB well before batch 256
+    with pytest.raises(ValueError, match="unknown model"):
+        plot_decode_bound("GPT-5")

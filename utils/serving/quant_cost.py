@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 
 from utils.attention.decode_cost import decode_step_cost, param_count, params_read_per_step
 from utils.attention.kv_cache import MODELS, cached_tokens, kv_cache_bytes
+from utils.gpu import hardware
 from utils.gpu.roofline import OpCost, min_seconds
 from utils.serving.quant import bytes_per_weight, kv_bytes_per_element
 from utils.validate import check_nonnegative_int, check_positive, check_positive_int
@@ -84,7 +85,11 @@ def quantised_decode_cost(model: str, batch: int, context: int, weight_bytes: fl
 
 def decode_bound(model: str, scheme: Scheme, batch: int, context: int, gpu: str = "H100-SXM"
                  ) -> dict[str, float]:
-    """The roofline of one decode step in ``scheme``: bytes per token (weights, KV), intensity, tokens/s bound."""
+    """The roofline of one decode step in ``scheme``: bytes per token (weights, KV), intensity, tokens/s bound.
+
+    ``"memory (GB)"`` is what must sit in HBM: all the parameters in the scheme's weight format and the
+    ``batch`` caches of ``context`` tokens (activations left out).
+    """
     weight, kv = scheme_bytes(scheme, MODELS[model].head_dim)
     cost = quantised_decode_cost(model, batch, context, weight, kv)
     weights_per_token = params_read_per_step(model) * weight / batch
@@ -96,24 +101,32 @@ def decode_bound(model: str, scheme: Scheme, batch: int, context: int, gpu: str 
 
 def plot_decode_bound(model: str = "Llama-3-8B", context: int = 4096, gpu: str = "H100-SXM",
                       max_batch: int = 256) -> Figure:
-    """Bytes per generated token (left) and the tokens/s bound (right) against batch, one line per scheme."""
+    """Bytes per generated token (left) and the tokens/s bound (right) against batch, one line per scheme.
+
+    A scheme's line stops at the largest batch whose weights and caches fit in the GPU's memory.
+    """
     check_positive_int("max_batch", max_batch)
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
     batches = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if b <= max_batch]
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 3.6))
+    hbm_gb = hardware.spec(gpu).hbm_bytes / 1e9
     for (name, scheme), color in zip(SCHEMES.items(), plt.cm.tab10.colors):
-        rows = [decode_bound(model, scheme, b, context, gpu) for b in batches]
-        left.plot(batches, [(r["weight bytes/token"] + r["kv bytes/token"]) / 1e6 for r in rows], "o-",
+        rows = [(b, decode_bound(model, scheme, b, context, gpu)) for b in batches]
+        rows = [(b, r) for b, r in rows if r["memory (GB)"] <= hbm_gb]  # only batches whose caches fit
+        if not rows:
+            continue
+        xs = [b for b, _ in rows]
+        left.plot(xs, [(r["weight bytes/token"] + r["kv bytes/token"]) / 1e6 for _, r in rows], "o-",
                   color=color, label=name, ms=3)
-        right.plot(batches, [r["tokens/s"] for r in rows], "o-", color=color, label=name, ms=3)
+        right.plot(xs, [r["tokens/s"] for _, r in rows], "o-", color=color, label=name, ms=3)
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("batch (sequences decoding together)")
         ax.grid(alpha=0.3, which="both")
     left.set(ylabel="HBM bytes per generated token (MB)", title=f"{model}, {context:,}-token context")
-    right.set(ylabel="tokens/s bound", title=f"roofline bound on one {gpu}")
+    right.set(ylabel="tokens/s bound", title=f"roofline bound, one {gpu} (batches that fit in {hbm_gb:.0f} GB)")
     left.legend(fontsize=7)
     fig.tight_layout()
     return fig

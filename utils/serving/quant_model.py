@@ -27,15 +27,18 @@ from __future__ import annotations
 
 import copy
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from utils.attention.llama import TinyLlama
+from utils.serving.paged_forward import KVBlocks, Segment, forward_segments
 from utils.serving.quant import FP8_E4M3_MAX, check_bits_group, dequantize, quantize
 
 __all__ = ["W8A8_FORMATS", "FakeQuantLinear", "QuantLinear", "fake_quant", "fake_quantize_model",
-           "linear_weight_nbytes", "quantize_model"]
+           "linear_weight_nbytes", "paged_logits", "quality", "quantize_model"]
 
 W8A8_FORMATS = ("int8", "fp8_e4m3")
 
@@ -156,3 +159,43 @@ def linear_weight_nbytes(model: TinyLlama) -> int:
         elif isinstance(module, nn.Linear):
             total += module.weight.nbytes
     return total
+
+
+@torch.no_grad()
+def paged_logits(model: TinyLlama, tokens: torch.Tensor, kv_format: str | None = None, block_size: int = 16
+                 ) -> torch.Tensor:
+    """Logits at every position of ``tokens`` (``(n, seq_len)``), decoded one token per step through a paged cache.
+
+    Every position's keys and values are read back from the cache, stored in ``kv_format``
+    (:class:`utils.serving.paged_forward.KVBlocks`), so a quantised cache's error reaches every prediction:
+    teacher forcing through the serving path. Returns ``(n, seq_len, vocab)``.
+    """
+    if tokens.dim() != 2 or tokens.shape[1] < 1:
+        raise ValueError(f"tokens must be (n_sequences, seq_len >= 1), got shape {tuple(tokens.shape)}")
+    n, seq_len = tokens.shape
+    per_seq = math.ceil(seq_len / block_size)
+    kv = KVBlocks(model, n * per_seq, block_size, kv_format=kv_format)
+    tables = [tuple(range(i * per_seq, (i + 1) * per_seq)) for i in range(n)]
+    rows = tokens.tolist()
+    steps = [forward_segments(model, kv, [Segment((rows[i][t],), t, tables[i]) for i in range(n)])
+             for t in range(seq_len)]
+    return torch.stack(steps, dim=1)
+
+
+@torch.no_grad()
+def quality(logits: torch.Tensor, reference: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+    """How far ``logits`` are from ``reference`` logits (same shape ``(..., vocab)``), and how well they predict.
+
+    ``loss`` (nats) and ``accuracy`` against ``targets``; ``kl``: mean ``KL(reference || logits)`` of the
+    next-token distributions, in nats; ``agreement``: the share of positions whose greedy token is the
+    reference's.
+    """
+    if logits.shape != reference.shape or logits.shape[:-1] != targets.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} and reference {tuple(reference.shape)} must match, and "
+                         f"targets {tuple(targets.shape)} must be their shape without the vocabulary axis")
+    logp, ref_logp = logits.float().log_softmax(-1), reference.float().log_softmax(-1)
+    vocab = logits.shape[-1]
+    return {"loss": float(F.nll_loss(logp.reshape(-1, vocab), targets.reshape(-1))),
+            "accuracy": float((logits.argmax(-1) == targets).float().mean()),
+            "kl": float((ref_logp.exp() * (ref_logp - logp)).sum(-1).mean()),
+            "agreement": float((logits.argmax(-1) == reference.argmax(-1)).float().mean())}
