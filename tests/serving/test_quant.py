@@ -130,3 +130,16 @@ def test_kv_refusals():
         dequantize_kv(torch.zeros(2, 4).to(torch.float8_e4m3fn), torch.ones(2))
     with pytest.raises(ValueError, match="int8 or float8"):
         dequantize_kv(torch.zeros(2, 4), torch.ones(2))
+
+
+def test_fp8_kv_cache_with_a_fixed_scale_saturates_beyond_its_range():
+    x = torch.tensor([[[0.5, -3.0, 1000.0, -2000.0]]])
+    data, scale = quantize_kv(x, "fp8_e4m3", scale=2.0)
+    assert float(scale) == 2.0
+    back = dequantize_kv(data, scale)
+    assert back[0, 0, 2] == back[0, 0, 3].neg() == 448 * 2  # clamped to +-448 steps of the scale
+    assert back[0, 0, 0] == 0.5 and back[0, 0, 1] == -3.0     # exactly representable after division by 2
+    with pytest.raises(ValueError, match="FP8 cache only"):
+        quantize_kv(x, "int8", scale=1.0)
+    with pytest.raises(ValueError, match="positive finite"):
+        quantize_kv(x, "fp8_e4m3", scale=0.0)

@@ -5,7 +5,7 @@ import torch.nn as nn
 from utils.attention.llama import LlamaConfig, TinyLlama
 from utils.serving.quant import dequantize, quantize
 from utils.serving.quant_model import (FakeQuantLinear, QuantLinear, fake_quant, fake_quantize_model,
-                                       linear_weight_nbytes, quantize_model)
+                                       linear_weight_nbytes, paged_logits, quality, quantize_model)
 
 CONFIG = LlamaConfig(vocab=32, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64)
 
@@ -108,3 +108,20 @@ def test_bad_inputs_are_refused():
         quantize_model(nn.Linear(4, 4), 8, 2)
     with pytest.raises(ValueError, match="bias-free"):
         QuantLinear(nn.Linear(4, 4), 8, 2)
+
+
+def test_paged_logits_equal_the_model_forward_and_quality_measures():
+    model = _model(8).double()
+    tokens = torch.randint(0, 32, (3, 11), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        ref = model(tokens)
+    torch.testing.assert_close(paged_logits(model, tokens, block_size=4), ref, atol=1e-12, rtol=0)
+    targets = tokens.roll(-1, 1)
+    same = quality(ref, ref, targets)
+    assert same["kl"] == 0 and same["agreement"] == 1
+    assert same["loss"] == pytest.approx(torch.nn.functional.cross_entropy(ref.reshape(-1, 32), targets.reshape(-1)).item())
+    int8 = quality(paged_logits(model, tokens, "int8", block_size=4), ref, targets)
+    fp8 = quality(paged_logits(model, tokens, "fp8_e4m3", block_size=4), ref, targets)
+    assert 0 < int8["kl"] < fp8["kl"]  # per-vector int8 scales beat one unit FP8 scale on small keys
+    with pytest.raises(ValueError, match="must match"):
+        quality(ref[:, :-1], ref, targets)
