@@ -100,12 +100,16 @@ class KVBlocks:
             (k_flat[slots], k_s), (v_flat[slots], v_s) = quantize_kv(k, "int8"), quantize_kv(v, "int8")
             self.k_scale[layer].flatten(0, 1)[slots], self.v_scale[layer].flatten(0, 1)[slots] = k_s, v_s
         else:
-            k_flat[slots] = quantize_kv(k, "fp8_e4m3", self.k_scale)[0]
-            v_flat[slots] = quantize_kv(v, "fp8_e4m3", self.v_scale)[0]
+            # through a byte view: indexed writes of float8 tensors are not implemented on every device
+            k_flat.view(torch.uint8)[slots] = quantize_kv(k, "fp8_e4m3", self.k_scale)[0].view(torch.uint8)
+            v_flat.view(torch.uint8)[slots] = quantize_kv(v, "fp8_e4m3", self.v_scale)[0].view(torch.uint8)
 
     def read(self, layer: int, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of ``layer`` at flat ``slots`` in ``dtype``, dequantised on read."""
-        k, v = self.k[layer].flatten(0, 1)[slots], self.v[layer].flatten(0, 1)[slots]
+        if self.kv_format == "fp8_e4m3":
+            k, v = (x[layer].flatten(0, 1).view(torch.uint8)[slots].view(x.dtype) for x in (self.k, self.v))
+        else:
+            k, v = self.k[layer].flatten(0, 1)[slots], self.v[layer].flatten(0, 1)[slots]
         if self.kv_format is None:
             return k.to(dtype), v.to(dtype)
         if self.kv_format == "int8":
