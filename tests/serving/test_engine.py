@@ -124,3 +124,16 @@ def test_schedule_records_phases_and_preemptions(model):
     assert sum(len(r.preempted) for r in stats.schedule) == stats.preemptions > 0
     decodes = sum(n for r in stats.schedule for _, n, phase in r.chunks if phase == "decode")
     assert decodes <= sum(n - 1 for _, n in requests)  # every decode step feeds back one generated token
+
+
+@pytest.mark.parametrize("kv_format", ["int8", "fp8_e4m3"])
+def test_a_quantised_cache_gives_the_same_tokens_whatever_the_batch(model, kv_format):
+    # each key and value is quantised on its own (int8: its own scale; FP8: a fixed scale), so batching,
+    # chunking, preemption and prefix hits cannot change what is stored: one request alone is the reference
+    requests = workload(5)
+    alone = [serve(model, [r], num_blocks=16, block_size=BLOCK, max_num_batched_tokens=64,
+                   kv_format=kv_format)[0][0] for r in requests]
+    together, stats = serve(model, requests, num_blocks=12, block_size=BLOCK, max_num_batched_tokens=8,
+                            prefix_caching=True, kv_format=kv_format)
+    assert stats.preemptions > 0 and stats.prefix_hit_tokens > 0
+    assert together == alone

@@ -38,3 +38,48 @@ def test_segments_must_fit_their_blocks():
         forward_segments(model, kv, [Segment((1, 2, 3), 0, (0,))])
     with pytest.raises(ValueError, match="at least one"):
         forward_segments(model, kv, [])
+
+
+def _float_and_quantised_caches(kv_format):
+    torch.manual_seed(3)
+    model = TinyLlama(LlamaConfig(vocab=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2)).eval()
+    prompt = tuple(torch.randint(0, 64, (9,)).tolist())
+    runs = []
+    for fmt in (None, kv_format):
+        kv = KVBlocks(model, num_blocks=8, block_size=4, kv_format=fmt)
+        runs.append((kv, forward_segments(model, kv, [Segment(prompt, 0, (5, 1, 6))])))
+    return model, runs
+
+
+@pytest.mark.parametrize("kv_format", ["int8", "fp8_e4m3"])
+def test_quantised_cache_stores_the_first_layers_keys_quantised_on_write(kv_format):
+    from utils.serving.quant import dequantize_kv, quantize_kv
+    model, ((ref_kv, ref_logits), (kv, logits)) = _float_and_quantised_caches(kv_format)
+    assert kv.k.dtype == {"int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}[kv_format]
+    slots = kv.slots((5, 1, 6), 0, 9)
+    # layer 0's keys do not depend on the cache, so the stored ones are exactly the float ones, quantised
+    want = ref_kv.k[0].flatten(0, 1)[slots]
+    scale = None if kv_format == "int8" else 1.0
+    torch.testing.assert_close(kv.read(0, slots, torch.float32)[0], dequantize_kv(*quantize_kv(want, kv_format, scale)))
+    assert (logits - ref_logits).abs().max() < 0.05 * ref_logits.abs().max()
+    assert not torch.equal(logits, ref_logits)
+
+
+def test_quantised_cache_bytes():
+    model = TinyLlama(LlamaConfig(vocab=16, dim=32, n_layers=2, n_heads=4, n_kv_heads=2)).eval()
+    elements = 2 * 2 * 6 * 4 * 2 * 8  # K and V, layers, blocks, block size, kv heads, head_dim
+    assert KVBlocks(model, 6, 4).nbytes == 4 * elements
+    assert KVBlocks(model, 6, 4, kv_format="fp8_e4m3").nbytes == elements
+    assert KVBlocks(model, 6, 4, kv_format="int8").nbytes == elements + 4 * elements // 8  # a scale per vector
+    assert KVBlocks(model, 6, 4, kv_format="int8").bytes_per_block * 6 == elements * 3 // 2
+    with pytest.raises(ValueError, match="kv_format"):
+        KVBlocks(model, 6, 4, kv_format="int4")
+    with pytest.raises(ValueError, match="not both"):
+        KVBlocks(model, 6, 4, dtype=torch.float16, kv_format="int8")
+
+
+def test_a_quantised_cache_refuses_the_batched_decode_path():
+    model = TinyLlama(LlamaConfig(vocab=16, dim=16, n_layers=1, n_heads=2, n_kv_heads=1)).eval()
+    kv = KVBlocks(model, num_blocks=4, block_size=2, kv_format="int8")
+    with pytest.raises(ValueError, match="decode_attention='loop'"):
+        forward_segments(model, kv, [Segment((1,), 0, (0,))], decode_attention="batched")

@@ -140,3 +140,16 @@ def test_fake_quantize_is_the_round_trip_and_idempotent():
     assert (once.float() - w.float()).abs().max() > 0
     on_grid = fake_quantize(w.float(), 4, 16)  # both ends of each range are levels: requantising keeps the grid
     torch.testing.assert_close(fake_quantize(on_grid, 4, 16), on_grid, rtol=1e-5, atol=1e-6)
+
+
+def test_fp8_kv_cache_with_a_fixed_scale_saturates_beyond_its_range():
+    x = torch.tensor([[[0.5, -3.0, 1000.0, -2000.0]]])
+    data, scale = quantize_kv(x, "fp8_e4m3", scale=2.0)
+    assert float(scale) == 2.0
+    back = dequantize_kv(data, scale)
+    assert back[0, 0, 2] == back[0, 0, 3].neg() == 448 * 2  # clamped to +-448 steps of the scale
+    assert back[0, 0, 0] == 0.5 and back[0, 0, 1] == -3.0     # exactly representable after division by 2
+    with pytest.raises(ValueError, match="FP8 cache only"):
+        quantize_kv(x, "int8", scale=1.0)
+    with pytest.raises(ValueError, match="positive finite"):
+        quantize_kv(x, "fp8_e4m3", scale=0.0)

@@ -107,17 +107,19 @@ class Engine:
 
     ``max_num_batched_tokens`` is the token budget of one step. ``policy="static"`` admits a new batch only
     when the last one has finished (the baseline continuous batching replaces); ``max_num_seqs`` caps the
-    requests running at once. ``clock`` gives the seconds recorded in :meth:`stats`.
+    requests running at once. ``kv_format`` (``"int8"`` or ``"fp8_e4m3"``) stores the KV cache quantised
+    (:class:`utils.serving.paged_forward.KVBlocks`): outputs then follow the quantised model, not greedy
+    ``generate``. ``clock`` gives the seconds recorded in :meth:`stats`.
 
     ``decode_attention`` is how a step's decodes attend (:func:`utils.serving.paged_forward.forward_segments`):
     ``"loop"`` request by request, ``"batched"`` in one call per layer (the Triton split-KV kernel on a GPU),
-    or ``"auto"`` (the default): ``"batched"`` when the cache is on a GPU, ``"loop"`` on a CPU. Greedy tokens
-    are the same either way in float64; in lower precision the two round differently.
+    or ``"auto"`` (the default): ``"batched"`` when the cache is on a GPU and not quantised, ``"loop"``
+    otherwise. Greedy tokens are the same either way in float64; in lower precision the two round differently.
     """
 
     def __init__(self, model: TinyLlama, num_blocks: int, block_size: int, max_num_batched_tokens: int,
                  prefix_caching: bool = False, *, max_num_seqs: int | None = None, chunked_prefill: bool = True,
-                 policy: str = "continuous", kv_dtype: torch.dtype | None = None,
+                 policy: str = "continuous", kv_dtype: torch.dtype | None = None, kv_format: str | None = None,
                  clock: Callable[[], float] = time.perf_counter, decode_attention: str = "auto") -> None:
         if not isinstance(model, TinyLlama):
             raise ValueError(f"model must be a utils.attention.llama.TinyLlama, got {type(model).__name__}")
@@ -125,11 +127,11 @@ class Engine:
         if max_num_seqs is not None:
             check_positive_int("max_num_seqs", max_num_seqs)
         self.model = model.eval()
-        self.kv = KVBlocks(model, num_blocks, block_size, kv_dtype)
+        self.kv = KVBlocks(model, num_blocks, block_size, kv_dtype, kv_format)
         if decode_attention not in ("auto", *DECODE_ATTENTION):
             raise ValueError(f"decode_attention must be 'auto' or one of {DECODE_ATTENTION}, got {decode_attention!r}")
         self.decode_attention = decode_attention if decode_attention != "auto" else \
-            "batched" if self.kv.k.is_cuda else "loop"
+            "batched" if self.kv.k.is_cuda and kv_format is None else "loop"
         self.pool = BlockPool(num_blocks, prefix_caching)
         self.scheduler = Scheduler(self.pool, block_size, max_num_batched_tokens, max_num_seqs,
                                    chunked_prefill, policy)

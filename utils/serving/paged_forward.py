@@ -16,6 +16,10 @@ requests, attention runs per request):
 - each segment's queries attend to its cached prefix and to themselves,
   causally (query at position ``p`` sees keys ``0 .. p``).
 
+The cache may be stored quantised (``KVBlocks(..., kv_format="int8" | "fp8_e4m3")``):
+keys and values are quantised as they are written and dequantised as they are
+read, so the cache holds 1 byte per element (plus the int8 cache's scales).
+
 The arithmetic is :class:`utils.attention.llama.TinyLlama`'s, term for term,
 so in float64 the logits equal a one-request forward to rounding, and greedy
 tokens are identical.
@@ -41,7 +45,8 @@ import torch.nn.functional as F
 from utils.attention.llama import TinyLlama, rms_norm
 from utils.attention.rope import apply_rope, rope_angles
 from utils.serving.batched_attention import BACKENDS, DecodeBatch
-from utils.validate import check_positive_int
+from utils.serving.quant import KV_FORMATS, dequantize_kv, quantize_kv
+from utils.validate import check_positive, check_positive_int
 
 __all__ = ["DECODE_ATTENTION", "KVBlocks", "Segment", "forward_segments"]
 
@@ -50,21 +55,80 @@ DECODE_ATTENTION = ("loop", *BACKENDS)
 
 
 class KVBlocks:
-    """Key and value storage of every layer: ``(n_layers, num_blocks, block_size, n_kv_heads, head_dim)`` each."""
+    """Key and value storage of every layer: ``(n_layers, num_blocks, block_size, n_kv_heads, head_dim)`` each.
+
+    ``kv_format`` stores them quantised (:func:`utils.serving.quant.quantize_kv` on write, ``dequantize_kv`` on
+    read; attention itself runs in the model's dtype):
+
+    - ``None``: in ``dtype`` (default: the model's);
+    - ``"int8"``: int8 with one fp32 scale per (token, head) vector, kept beside the data in ``k_scale`` and
+      ``v_scale`` of shape ``(n_layers, num_blocks, block_size, n_kv_heads)``: ``1 + 4 / head_dim`` bytes per
+      element;
+    - ``"fp8_e4m3"``: ``float8_e4m3fn`` with one static scale per tensor, ``kv_scale`` (vLLM's default is 1.0):
+      1 byte per element.
+    """
 
     def __init__(self, model: TinyLlama, num_blocks: int, block_size: int,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, kv_format: str | None = None, kv_scale: float = 1.0) -> None:
         c = model.config
         self.num_blocks = check_positive_int("num_blocks", num_blocks)
         self.block_size = check_positive_int("block_size", block_size)
+        if kv_format not in (None, *KV_FORMATS):
+            raise ValueError(f"kv_format must be None or one of {KV_FORMATS}, got {kv_format!r}")
+        if kv_format is not None and dtype is not None:
+            raise ValueError("give either dtype (an unquantised cache) or kv_format (a quantised one), not both")
+        self.kv_format = kv_format
         param = next(model.parameters())
+        self.compute_dtype = param.dtype
         shape = (c.n_layers, num_blocks, block_size, c.n_kv_heads, c.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype or param.dtype, device=param.device)
+        storage = {None: dtype or param.dtype, "int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}[kv_format]
+        self.k = torch.zeros(shape, dtype=storage, device=param.device)
         self.v = torch.zeros_like(self.k)
+        self.k_scale = self.v_scale = None
+        if kv_format == "int8":
+            self.k_scale = torch.ones(shape[:-1], dtype=torch.float32, device=param.device)
+            self.v_scale = torch.ones_like(self.k_scale)
+        elif kv_format == "fp8_e4m3":
+            check_positive("kv_scale", kv_scale, finite=True)
+            self.k_scale = self.v_scale = torch.tensor(float(kv_scale), device=param.device)
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        """Bytes of the cache: data, plus the int8 cache's per-vector scales."""
+        scales = self.k_scale.nbytes + self.v_scale.nbytes if self.kv_format == "int8" else 0
+        return self.k.nbytes + self.v.nbytes + scales
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes one block costs across all layers, keys and values (what a KV memory budget is divided by)."""
+        return self.nbytes // self.num_blocks
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store keys and values ``(n, n_kv_heads, head_dim)`` of ``layer`` at flat ``slots``, quantised on write."""
+        k_flat, v_flat = self.k[layer].flatten(0, 1), self.v[layer].flatten(0, 1)
+        if self.kv_format is None:
+            k_flat[slots], v_flat[slots] = k.to(self.k.dtype), v.to(self.v.dtype)
+        elif self.kv_format == "int8":
+            (k_flat[slots], k_s), (v_flat[slots], v_s) = quantize_kv(k, "int8"), quantize_kv(v, "int8")
+            self.k_scale[layer].flatten(0, 1)[slots], self.v_scale[layer].flatten(0, 1)[slots] = k_s, v_s
+        else:
+            # through a byte view: indexed writes of float8 tensors are not implemented on every device
+            k_flat.view(torch.uint8)[slots] = quantize_kv(k, "fp8_e4m3", self.k_scale)[0].view(torch.uint8)
+            v_flat.view(torch.uint8)[slots] = quantize_kv(v, "fp8_e4m3", self.v_scale)[0].view(torch.uint8)
+
+    def read(self, layer: int, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``layer`` at flat ``slots`` in ``dtype``, dequantised on read."""
+        if self.kv_format == "fp8_e4m3":
+            k, v = (x[layer].flatten(0, 1).view(torch.uint8)[slots].view(x.dtype) for x in (self.k, self.v))
+        else:
+            k, v = self.k[layer].flatten(0, 1)[slots], self.v[layer].flatten(0, 1)[slots]
+        if self.kv_format is None:
+            return k.to(dtype), v.to(dtype)
+        if self.kv_format == "int8":
+            k_s, v_s = self.k_scale[layer].flatten(0, 1)[slots], self.v_scale[layer].flatten(0, 1)[slots]
+        else:
+            k_s, v_s = self.k_scale, self.v_scale
+        return dequantize_kv(k, k_s, dtype), dequantize_kv(v, v_s, dtype)
 
     def slots(self, table: Sequence[int], start: int, stop: int) -> torch.Tensor:
         """Flat slot indices (``block * block_size + offset``) of positions ``start .. stop - 1``."""
@@ -106,6 +170,9 @@ def forward_segments(model: TinyLlama, kv: KVBlocks, segments: Sequence[Segment]
         raise ValueError("forward_segments needs at least one segment")
     if decode_attention not in DECODE_ATTENTION:
         raise ValueError(f"decode_attention must be one of {DECODE_ATTENTION}, got {decode_attention!r}")
+    if decode_attention != "loop" and kv.kv_format is not None:
+        raise ValueError(f"batched decode attention reads the cache unquantised; a {kv.kv_format} cache needs "
+                         "decode_attention='loop'")
     c, device = model.config, kv.k.device
     for s in segments:
         if not s.tokens or s.start < 0 or len(s.block_table) * kv.block_size < s.start + len(s.tokens):
@@ -135,9 +202,8 @@ def forward_segments(model: TinyLlama, kv: KVBlocks, segments: Sequence[Segment]
         q = apply_rope(attn.wq(h).view(-1, c.n_heads, c.head_dim), cos, sin, c.rope_layout)
         k = apply_rope(attn.wk(h).view(-1, c.n_kv_heads, c.head_dim), cos, sin, c.rope_layout)
         v = attn.wv(h).view(-1, c.n_kv_heads, c.head_dim)
-        k_flat, v_flat = kv.k[layer].flatten(0, 1), kv.v[layer].flatten(0, 1)
         if batch is not None:
-            k_flat[write_all], v_flat[write_all] = k.to(kv.k.dtype), v.to(kv.v.dtype)
+            kv.write(layer, write_all, k, v)
         if batch is not None and batch.rows is None:  # all decodes: one call, no loop
             out = batch.attend(q, kv.k[layer], kv.v[layer])
         else:
@@ -145,8 +211,8 @@ def forward_segments(model: TinyLlama, kv: KVBlocks, segments: Sequence[Segment]
         for i in looped:
             lo, hi, s = bounds[i], bounds[i + 1], segments[i]
             if batch is None:
-                k_flat[write[i]], v_flat[write[i]] = k[lo:hi].to(kv.k.dtype), v[lo:hi].to(kv.v.dtype)
-            keys, values = k_flat[read[i]].to(q.dtype), v_flat[read[i]].to(q.dtype)
+                kv.write(layer, write[i], k[lo:hi], v[lo:hi])
+            keys, values = kv.read(layer, read[i], q.dtype)
             out[lo:hi] = _attend(q[lo:hi], keys, values, s.start)
         if batch is not None and batch.rows is not None:
             out[batch.rows] = batch.attend(q[batch.rows], kv.k[layer], kv.v[layer])

@@ -122,19 +122,31 @@ def bytes_per_weight(bits: int, group_size: int, scale_bytes: int = 2, zero_byte
     return bits / 8 + (scale_bytes + zero_bytes) / group_size
 
 
-def quantize_kv(x: torch.Tensor, fmt: str = "int8") -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_kv(x: torch.Tensor, fmt: str = "int8", scale: float | torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantise keys or values ``x`` of shape ``(..., n_kv_heads, head_dim)``; returns ``(data, scale)``.
 
     ``"int8"``: symmetric, one scale per (token, head) vector, ``scale`` of shape ``x.shape[:-1]``;
     ``|x - dequantize_kv| <= scale / 2``. ``"fp8_e4m3"``: ``torch.float8_e4m3fn`` with one per-tensor scale
     (a 0-d tensor); e4m3 keeps 3 mantissa bits, so each element's error is at most ``2**-4 * |x|`` (normal
     numbers) or ``2**-10 * scale`` (subnormals, below ``2**-6 * scale``).
+
+    ``scale`` (FP8 only) fixes the per-tensor scale instead of computing ``max|x| / 448`` from ``x``: a cache
+    written a few tokens at a time keeps one *static* scale, as vLLM's FP8 cache does (its ``k_scale`` and
+    ``v_scale``, 1.0 unless calibrated); values beyond ``448 * scale`` saturate to +-448.
     """
     if fmt not in KV_FORMATS:
         raise ValueError(f"fmt must be one of {KV_FORMATS}, got {fmt!r}")
     if not isinstance(x, torch.Tensor) or x.dim() < 2 or not x.is_floating_point():
         raise ValueError("x must be a floating-point tensor of shape (..., n_kv_heads, head_dim)")
     xf = x.float()
+    if scale is not None:
+        if fmt != "fp8_e4m3":
+            raise ValueError("a fixed scale is for the FP8 cache only; int8 computes one scale per vector")
+        scale = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
+        if scale.dim() != 0 or not bool(torch.isfinite(scale)) or float(scale) <= 0:
+            raise ValueError(f"scale must be one positive finite number, got {scale}")
+        return (xf / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn), scale
     if fmt == "int8":
         scale = xf.abs().amax(dim=-1) / 127
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
