@@ -1,41 +1,50 @@
 """Part 5, serving: what an inference server does with the GPU between a request and its last token.
 
-Modules:
+The engine (lab 1; chapters 2 and 3):
 
-- :mod:`utils.serving.hf_bridge`: the book's tiny LLaMA as a Hugging Face
-  ``LlamaForCausalLM`` (same weights, same logits), to hold the book's engines
-  against ``transformers``' own, and its continuous batching (``generate_batch``);
-- :mod:`utils.serving.prefix_hash`: chained hashes of full KV blocks, the key
-  of vLLM's automatic prefix caching;
-- :mod:`utils.serving.block_pool`: reference-counted KV blocks with prefix
-  caching and LRU eviction of free cached blocks (vLLM's block pool);
-- :mod:`utils.serving.paged_forward`: the tiny LLaMA's forward over a ragged
-  batch of prefill chunks and decodes, K/V read and written through block tables;
-- :mod:`utils.serving.scheduler`: continuous (or static) batching with a token
-  budget per step, chunked prefill, admission by free blocks and preemption by
-  recompute (vLLM's scheduler);
-- :mod:`utils.serving.engine`: the engine that puts them together, with
-  per-request TTFT and TPOT in steps and seconds (``Engine``);
-- :mod:`utils.serving.trace`: Poisson request traces, replayed through an engine
-  in steps (the same on every machine) or in wall-clock seconds;
-- :mod:`utils.serving.metrics`: TTFT, ITL, TPOT, end-to-end latency and
-  goodput under an SLO, from the times a request's tokens appear.
-- :mod:`utils.serving.quant`: group-wise round-to-nearest weight quantisation
-  (int8, packed int4) and an int8 / FP8 KV cache, with their bytes per element
-  (the Triton matmul that reads them is :mod:`utils.kernels.quant_matmul`);
-- :mod:`utils.serving.tiny_corpus`: a seeded synthetic corpus (a sparse Markov
-  chain with copied spans) and the tiny target and draft models trained on it;
-- :mod:`utils.serving.speculative`: speculative decoding, the rejection rule
-  that keeps the target's distribution, and its expected speed-up
-  (chapter 4, lab 2);
-- :mod:`utils.serving.goodness_of_fit`: Pearson's chi-square test, to check that
-  sampled tokens follow a distribution.
-- :mod:`utils.serving.step_time`: the roofline time of one engine step (prefill
-  chunks and decode sequences), TTFT, TPOT, the latency-throughput curve and
-  Little's law (chapter "What an inference server optimises");
-- :mod:`utils.serving.deployment`: one GPU's step under tensor parallelism
-  (KV heads split, then replicated), data-parallel attention and expert
-  parallelism, and tokens/s per GPU at a TPOT target; held against
-  :mod:`utils.serving.published_deployments` (DeepSeek's and SGLang's
-  DeepSeek-V3 deployments) in chapter "Serving on many GPUs".
+- :mod:`utils.serving.engine`: ``Engine``, continuous batching over a paged KV
+  cache with chunked prefill, preemption and prefix caching; per-request TTFT
+  and TPOT in steps and seconds, and the schedule of every step;
+- :mod:`utils.serving.scheduler`: the policy (vLLM's): a token budget per step,
+  admission by free blocks, preemption by recompute; static batching to compare;
+- :mod:`utils.serving.block_pool`: reference-counted KV blocks, prefix caching,
+  LRU eviction of free cached blocks;
+- :mod:`utils.serving.prefix_hash`: chained hashes of full blocks (vLLM's
+  automatic prefix caching);
+- :mod:`utils.serving.paged_forward`: the tiny LLaMA's forward over a ragged batch
+  of prefill chunks and decodes through block tables, with a plain, int8 or FP8
+  KV cache;
+- :mod:`utils.serving.batched_attention`: all of a step's decodes in one attention
+  call per layer (Triton split-KV on a GPU, a batched gather elsewhere);
+- :mod:`utils.serving.hf_bridge`: the tiny LLaMA as a ``transformers``
+  ``LlamaForCausalLM``, and ``transformers``' own continuous batching on it.
+
+Measuring and pricing a server (chapters 1, 2 and 6):
+
+- :mod:`utils.serving.metrics`: TTFT, ITL, TPOT, SLO attainment, goodput;
+- :mod:`utils.serving.trace`: Poisson request traces, replayed in steps or seconds;
+- :mod:`utils.serving.step_time`: the roofline time of one engine step, TTFT and
+  TPOT of a batch, the latency-throughput curve, Little's law; its figures in
+  :mod:`utils.serving.step_time_plots`;
+- :mod:`utils.serving.simulate`: the engine's scheduler without a model, each
+  step priced by :mod:`~utils.serving.step_time`; figures of chapter 2 in
+  :mod:`utils.serving.batching_plots`;
+- :mod:`utils.serving.deployment`: tokens/s per GPU at a TPOT target under TP, DP
+  attention and EP, held against :mod:`utils.serving.published_deployments`;
+  figures in :mod:`utils.serving.deployment_plots`.
+
+Prefix caching (chapter 3): :mod:`utils.serving.radix_tree` (SGLang's
+RadixAttention), :mod:`utils.serving.prefix_workloads` (chat, few-shot and agent
+streams, hit rates and the prefill they save), :mod:`utils.serving.prefix_plots`.
+
+Speculative decoding (chapter 4, lab 2): :mod:`utils.serving.speculative`
+(``accept_draft``, ``speculative_generate``, expected tokens and speed-up),
+:mod:`utils.serving.speculative_plots`, :mod:`utils.serving.tiny_corpus` (trained
+tiny targets and drafts), :mod:`utils.serving.goodness_of_fit` (chi-square).
+
+Quantisation (chapter 5, labs 3 and 4): :mod:`utils.serving.quant` (group-wise
+int8/int4 weights, int8/FP8 KV), :mod:`utils.serving.quant_model` (quantised
+models and their quality), :mod:`utils.serving.quant_cost` (bytes per decode
+token per format). The kernels are :mod:`utils.kernels.split_kv_decode` and
+:mod:`utils.kernels.quant_matmul`.
 """
