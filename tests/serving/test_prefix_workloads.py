@@ -8,15 +8,7 @@ from utils.attention.decode_cost import decode_step_cost, params_read_per_step
 from utils.attention.kv_cache import MODELS
 from utils.serving.prefix_workloads import (WORKLOADS, Request, agent_workload, chat_workload, few_shot_workload,
                                             prefill_cost, replay_block_cache, replay_radix_tree)
-
-
-def lcp(a, b):
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+from tests.serving.prefix_reference import lcp
 
 
 def brute_force_hits(requests):

@@ -5,15 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from utils.serving.radix_tree import RadixTree
-
-
-def lcp(a, b):
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+from tests.serving.prefix_reference import lcp
 
 
 def test_match_is_the_longest_common_prefix_and_splits_the_edge():

@@ -151,18 +151,13 @@ def choose_num_splits(batch: int, n_kv_heads: int, max_len: int, n_sms: int, blo
     return max(1, min(slots // programs, n_blocks // min_blocks))
 
 
-def split_kv_decode(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, tables: torch.Tensor,
-                    lengths: torch.Tensor, num_splits: int, sm_scale: float | None = None,
-                    block_n: int = DEFAULT_BLOCK_N, return_partials: bool = False):
-    """One decode step of attention, split ``num_splits`` ways per sequence, from the tensors an engine keeps.
+def check_decode_inputs(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, tables: torch.Tensor,
+                        lengths: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """Check the shapes of a paged decode step; ``(n_seqs, n_heads, head_dim, block_size, n_kv_heads)``.
 
-    Arguments as :func:`utils.kernels.paged_attention.paged_decode` (``q``: ``(n_seqs, n_heads, head_dim)``;
-    pools ``(num_blocks, block_size, n_kv_heads, head_dim)``; ``tables`` int32 ``(n_seqs, max_blocks)``;
-    ``lengths`` int32, each >= 1). Returns ``(n_seqs, n_heads, head_dim)`` in ``q``'s dtype, and with
-    ``return_partials`` also the fp32 partial outputs ``(n_seqs, n_heads, num_splits, head_dim)`` and their
-    log-sum-exps ``(n_seqs, n_heads, num_splits)``.
+    ``q``: ``(n_seqs, n_heads, head_dim)``; pools ``(num_blocks, block_size, n_kv_heads, head_dim)`` with
+    ``n_heads`` a multiple of ``n_kv_heads``; ``tables`` ``(n_seqs, max_blocks)``; ``lengths`` ``(n_seqs,)``.
     """
-    check_dtype(q.dtype)
     if q.dim() != 3 or k_blocks.dim() != 4 or v_blocks.shape != k_blocks.shape:
         raise ValueError(f"q must be (n_seqs, n_heads, head_dim) and both pools (num_blocks, block_size, "
                          f"n_kv_heads, head_dim); got {tuple(q.shape)}, {tuple(k_blocks.shape)}, "
@@ -175,6 +170,22 @@ def split_kv_decode(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Ten
     if tables.dim() != 2 or tables.shape[0] != n_seqs or lengths.shape != (n_seqs,):
         raise ValueError(f"tables must be (n_seqs, max_blocks) and lengths (n_seqs,) with n_seqs = {n_seqs}; "
                          f"got {tuple(tables.shape)} and {tuple(lengths.shape)}")
+    return n_seqs, n_heads, head_dim, block_size, n_kv_heads
+
+
+def split_kv_decode(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, tables: torch.Tensor,
+                    lengths: torch.Tensor, num_splits: int, sm_scale: float | None = None,
+                    block_n: int = DEFAULT_BLOCK_N, return_partials: bool = False):
+    """One decode step of attention, split ``num_splits`` ways per sequence, from the tensors an engine keeps.
+
+    Arguments as :func:`utils.kernels.paged_attention.paged_decode` (``q``: ``(n_seqs, n_heads, head_dim)``;
+    pools ``(num_blocks, block_size, n_kv_heads, head_dim)``; ``tables`` int32 ``(n_seqs, max_blocks)``;
+    ``lengths`` int32, each >= 1). Returns ``(n_seqs, n_heads, head_dim)`` in ``q``'s dtype, and with
+    ``return_partials`` also the fp32 partial outputs ``(n_seqs, n_heads, num_splits, head_dim)`` and their
+    log-sum-exps ``(n_seqs, n_heads, num_splits)``.
+    """
+    check_dtype(q.dtype)
+    n_seqs, n_heads, head_dim, block_size, n_kv_heads = check_decode_inputs(q, k_blocks, v_blocks, tables, lengths)
     if not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits must be a positive integer, got {num_splits!r}")
     for name, value, low in (("block_size", block_size, 1), ("head_dim", head_dim, 16), ("block_n", block_n, 16)):

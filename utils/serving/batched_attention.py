@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import torch
 
 from utils import device as dev
-from utils.kernels.split_kv_decode import CPU_STAND_IN_SMS, choose_num_splits, split_kv_decode
+from utils.kernels.split_kv_decode import CPU_STAND_IN_SMS, check_decode_inputs, choose_num_splits, split_kv_decode
 
 __all__ = ["BACKENDS", "DecodeBatch", "paged_decode_reference", "triton_can_run"]
 
@@ -49,23 +49,13 @@ def paged_decode_reference(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: to
     ``q``'s dtype); ``tables``: ``(n, width)`` block numbers, padded with any valid block; ``lengths``:
     ``(n,)``, each in ``1 .. width * block_size``. Keys at positions ``>= length`` are masked out.
     """
-    if q.dim() != 3 or k_blocks.dim() != 4 or v_blocks.shape != k_blocks.shape:
-        raise ValueError(f"q must be (n, n_heads, head_dim) and both pools (num_blocks, block_size, n_kv_heads, "
-                         f"head_dim); got {tuple(q.shape)}, {tuple(k_blocks.shape)}, {tuple(v_blocks.shape)}")
-    n, n_heads, head_dim = q.shape
-    _, block_size, n_kv, d = k_blocks.shape
-    if d != head_dim or n_heads % n_kv:
-        raise ValueError(f"q's head_dim ({head_dim}) must equal the cache's ({d}) and its {n_heads} heads must "
-                         f"be a multiple of the cache's {n_kv} KV heads")
-    if tables.dim() != 2 or tables.shape[0] != n or lengths.shape != (n,):
-        raise ValueError(f"tables must be (n, width) and lengths (n,) with n = {n}; got {tuple(tables.shape)} "
-                         f"and {tuple(lengths.shape)}")
+    n, n_heads, d, block_size, n_kv = check_decode_inputs(q, k_blocks, v_blocks, tables, lengths)
     width = tables.shape[1]
     idx = tables.long()
     keys = k_blocks[idx].reshape(n, width * block_size, n_kv, d).to(q.dtype).permute(0, 2, 3, 1)  # (n, g, d, S)
     values = v_blocks[idx].reshape(n, width * block_size, n_kv, d).to(q.dtype).transpose(1, 2)    # (n, g, S, d)
     group = n_heads // n_kv
-    scores = q.view(n, n_kv, group, d) @ keys / math.sqrt(head_dim)                             # (n, g, group, S)
+    scores = q.view(n, n_kv, group, d) @ keys / math.sqrt(d)                                    # (n, g, group, S)
     padding = torch.arange(width * block_size, device=q.device)[None, :] >= lengths.to(q.device)[:, None]
     scores = scores.masked_fill(padding[:, None, None, :], float("-inf"))
     return (scores.softmax(-1) @ values).reshape(n, n_heads, d)
