@@ -25,7 +25,7 @@ from utils.attention.llama import TinyLlama
 from utils.serving.block_pool import BlockPool
 from utils.serving.metrics import RequestTimes
 from utils.serving.paged_forward import DECODE_ATTENTION, KVBlocks, Segment, forward_segments
-from utils.serving.scheduler import Request, Scheduler
+from utils.serving.scheduler import Request, ScheduledChunk, Scheduler
 from utils.validate import check_positive_int
 
 __all__ = ["Engine", "EngineStats", "RequestStats", "StepRecord", "chunk_phase"]
@@ -96,10 +96,13 @@ class EngineStats:
         return sum(r.output_tokens for r in self.requests.values())
 
 
-def chunk_phase(request: Request, segment: Segment) -> str:
-    """``"decode"`` for the one newest token of a request past its prompt, else ``"prefill"`` (recompute included)."""
-    newest = len(request.tokens) - 1
-    return "decode" if len(segment.tokens) == 1 and segment.start == newest >= len(request.prompt) else "prefill"
+def chunk_phase(chunk: ScheduledChunk) -> str:
+    """``"decode"`` for the one newest token of a request past its prompt, else ``"prefill"`` (recompute included).
+
+    Read before the step's tokens are counted as computed: the chunk starts at ``request.num_computed``.
+    """
+    request, newest = chunk.request, len(chunk.request.tokens) - 1
+    return "decode" if chunk.num_tokens == 1 and request.num_computed == newest >= len(request.prompt) else "prefill"
 
 
 class Engine:
@@ -202,7 +205,7 @@ class Engine:
         self._steps += 1
         now = self.clock() - self._start
         self._schedule.append(StepRecord(
-            tuple((c.request.request_id, c.num_tokens, chunk_phase(c.request, seg)) for c, seg in zip(chunks, segments)),
+            tuple((c.request.request_id, c.num_tokens, chunk_phase(c)) for c in chunks),
             tuple(self.scheduler.preempted_last)))
         done = []
         for chunk, token in zip(chunks, greedy):

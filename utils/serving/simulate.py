@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from utils.serving.block_pool import BlockPool
 from utils.serving.engine import StepRecord, chunk_phase
 from utils.serving.metrics import RequestTimes
-from utils.serving.paged_forward import Segment
 from utils.serving.scheduler import Request, Scheduler
 from utils.serving.step_time import Roof, ServedModel, step_cost, step_seconds
 from utils.serving.trace import TimedRequest
@@ -83,15 +82,14 @@ def simulate(trace: Sequence[TimedRequest], model: ServedModel, roof: Roof, num_
         chunks = scheduler.schedule()
         if not chunks:
             raise RuntimeError("no request could be scheduled although some are waiting")
-        segments = [Segment((PLACEHOLDER_TOKEN,) * c.num_tokens, c.request.num_computed, ()) for c in chunks]
         decodes, prefills, record = [], [], []
-        for chunk, segment in zip(chunks, segments):
-            phase = chunk_phase(chunk.request, segment)
+        for chunk in chunks:
+            phase, start = chunk_phase(chunk), chunk.request.num_computed
             record.append((chunk.request.request_id, chunk.num_tokens, phase))
             if phase == "decode":
-                decodes.append(segment.start + 1)
+                decodes.append(start + 1)
             else:
-                prefills.append((chunk.num_tokens, segment.start))
+                prefills.append((chunk.num_tokens, start))
         dt = step_seconds(step_cost(model, decodes, prefills), roof)
         now += dt
         durations.append(dt)
