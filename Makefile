@@ -14,8 +14,11 @@
 #                        macOS and Windows (.ci/run_without_triton.py; nothing is written back)
 #   make execute         re-execute every notebook in place, so stored outputs are fresh
 #   make book-repeat     `make book EXECUTE=1` RUNS times from a clean _build, reporting any stall
+#   make slowest         where the last `make test` spent its time: each stage, and the ten slowest
+#                        notebooks, cells, unit tests and browser tests (.ci/timings.py; reports only)
 #   make student         the student edition of the labs (no solutions) in _build/student/labs
 #   make lock            regenerate requirements.lock from requirements.txt (UPGRADE=1: newest versions)
+#   make clean           remove _build, the vendored MathJax and .cache (trained models, timings)
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -35,7 +38,11 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 # (unset for `make lab`).
 export BOOK_BATCH_EXECUTION := 1
 
-.PHONY: setup lock book test unit nbval nbval-portable notebooks-without-triton check-outputs lab execute book-repeat clean links browser
+.PHONY: setup lock book test unit nbval nbval-portable notebooks-without-triton check-outputs lab execute book-repeat clean links browser slowest
+# Where `make test` leaves its timings (.ci/stage.py, .ci/execute_cache.py --timings, pytest's JUnit
+# reports) for `make slowest`; the trained-model cache (utils.train_once) is .cache/trained.
+TIMINGS := .cache/timings
+STAGE := $(PYTHON) .ci/stage.py --log $(TIMINGS)/stages.tsv
 MATHJAX := _mathjax/mathjax
 
 # The environment is locked. requirements.txt says what the book needs; requirements.lock pins every
@@ -95,7 +102,8 @@ book: $(STAMP) $(MATHJAX)/tex-mml-chtml.js
 	sed -e 's/^\(  *execute_notebooks:\).*/\1 $(if $(filter 1,$(EXECUTE)),cache,"off")/' \
 		-e 's/^\(  *timeout:\).*/\1 $(CELL_TIMEOUT)/' _config.yml > $(BOOK_CONFIG)
 ifeq ($(EXECUTE),1)
-	$(BIN)/python .ci/execute_cache.py --config $(BOOK_CONFIG) --build-dir _build --jobs $(JOBS) $(NOTEBOOKS)
+	$(BIN)/python .ci/execute_cache.py --config $(BOOK_CONFIG) --build-dir _build --jobs $(JOBS) \
+		--timings $(TIMINGS)/notebooks.json $(NOTEBOOKS)
 endif
 	$(BIN)/jupyter-book build . --config $(BOOK_CONFIG) --path-output . -W --keep-going
 	@echo "Open _build/html/index.html"
@@ -104,11 +112,23 @@ endif
 # command builds; no execution), then from a clean _build the executed build runs every notebook through
 # myst-nb's cache and renders from it, check-outputs compares the cells tagged nbval-check-output with
 # the stored outputs by nbval's rules (.ci/check_outputs.py), and the link check and the browser suite
-# test that executed book.
-test: unit book
+# test that executed book. Each stage's wall time goes to $(TIMINGS); the breakdown is printed at the
+# end (`make slowest` adds the slowest notebooks, cells and tests). The trained models in .cache/trained
+# are kept: they are keyed by the code that trains them (utils.train_once), so they cannot be stale.
+test:
+	rm -rf $(TIMINGS)
+	$(STAGE) setup $(MAKE) --no-print-directory setup
+	$(STAGE) unit $(MAKE) --no-print-directory unit
+	$(STAGE) book $(MAKE) --no-print-directory book
 	rm -rf _build
-	$(MAKE) book EXECUTE=1
-	$(MAKE) check-outputs links browser
+	$(STAGE) execute $(MAKE) --no-print-directory book EXECUTE=1
+	$(STAGE) check-outputs $(MAKE) --no-print-directory check-outputs
+	$(STAGE) links $(MAKE) --no-print-directory links
+	$(STAGE) browser $(MAKE) --no-print-directory browser
+	@$(PYTHON) .ci/timings.py --dir $(TIMINGS) --stages-only
+
+slowest:
+	@$(PYTHON) .ci/timings.py --dir $(TIMINGS)
 
 # After `make book EXECUTE=1`: the executed build's checked cells against the stored outputs.
 check-outputs: $(STAMP)
@@ -116,7 +136,7 @@ check-outputs: $(STAMP)
 		--sanitize tests/nbval_sanitize.cfg $(NOTEBOOKS)
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest tests -n $(JOBS) -q
+	$(BIN)/python -m pytest tests -n $(JOBS) -q --junitxml=$(TIMINGS)/unit.xml
 
 NBVAL := $(BIN)/python -m pytest --nbval-lax --nbval-cell-timeout=600 \
 	--nbval-sanitize-with tests/nbval_sanitize.cfg -n $(JOBS) --dist loadscope -q -p no:cacheprovider
@@ -169,7 +189,8 @@ $(CHROMIUM):
 	$(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -qq chromium
 
 browser: $(STAMP) $(CHROMIUM)
-	BOOK_HTML=_build/html CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests/book -q -p no:cacheprovider
+	BOOK_HTML=_build/html CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests/book -q -p no:cacheprovider \
+		-n $(JOBS) --junitxml=$(TIMINGS)/browser.xml
 
 # The labs without their solution cells (tagged `solution`), outputs cleared, same tree: a reader's
 # "Run All" then stops at the first check, with a hint, instead of overwriting their work.
@@ -180,4 +201,4 @@ student: $(STAMP)
 	@echo "Open _build/student/labs in JupyterLab: make lab, or $(BIN)/jupyter lab _build/student/labs"
 
 clean:
-	rm -rf _build $(MATHJAX)
+	rm -rf _build $(MATHJAX) .cache

@@ -230,8 +230,23 @@ def check_cached(paths: list[str], config_path: Path, build_dir: Path) -> list[s
     return missing
 
 
-def run(paths: list[str], config_path: Path, build_dir: Path, jobs: int) -> int:
-    """Execute ``paths`` into the cache ``jobs`` at a time; print a summary; 0 if all are cached."""
+def write_timings(path: Path, outcomes: list[Outcome], jobs: int, wall_seconds: float) -> None:
+    """Write each notebook's status and seconds, and the wall time, as JSON (read by ``.ci/timings.py``)."""
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "jobs": jobs, "wall_seconds": round(wall_seconds, 1),
+        "notebooks": [{"path": o.path, "status": o.status, "seconds": round(o.seconds, 2)}
+                      for o in sorted(outcomes, key=lambda o: -o.seconds)],
+    }, indent=1) + "\n")
+
+
+def run(paths: list[str], config_path: Path, build_dir: Path, jobs: int, timings: Path | None = None) -> int:
+    """Execute ``paths`` into the cache ``jobs`` at a time; print a summary; 0 if all are cached.
+
+    ``timings``: a JSON file to write each notebook's seconds to (``make slowest`` reads it).
+    """
     from jupyter_cache import get_cache
 
     if jobs < 1:
@@ -266,6 +281,8 @@ def run(paths: list[str], config_path: Path, build_dir: Path, jobs: int) -> int:
     for path in missing:
         print(f"{path}: executed, but no cache record matches it: the build would execute it again", flush=True)
     counts = {s: sum(o.status == s for o in outcomes) for s in ("executed", "cached", "excluded", "failed")}
+    if timings is not None:
+        write_timings(timings, outcomes, jobs, time.monotonic() - start)
     print(f"{counts['executed']} executed, {counts['cached']} already cached, {counts['excluded']} excluded, "
           f"{counts['failed']} failed, in {time.monotonic() - start:.1f} s with {jobs} at a time", flush=True)
     return 1 if failed or missing else 0
@@ -278,8 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--build-dir", type=Path, default=Path("_build"),
                         help="the build's _build folder (jupyter-book's --path-output plus _build)")
     parser.add_argument("--jobs", type=int, default=2, help="notebooks executed at a time")
+    parser.add_argument("--timings", type=Path, default=None,
+                        help="write each notebook's seconds to this JSON file (make slowest reads it)")
     args = parser.parse_args(argv)
-    return run(args.notebooks, args.config, args.build_dir, args.jobs)
+    return run(args.notebooks, args.config, args.build_dir, args.jobs, args.timings)
 
 
 if __name__ == "__main__":

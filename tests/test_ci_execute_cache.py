@@ -7,6 +7,7 @@ The end-to-end tests execute tiny notebooks in real kernels, then ask myst-nb's 
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -132,10 +133,15 @@ def test_executes_into_the_cache_the_build_reads_and_fails_on_errors_and_timeout
     bad = _notebook(tmp_path / "bad.ipynb", ["print('first')", "raise ValueError('boom in the second cell')"])
     # jupyter-cache lets a notebook's metadata set its own timeout; the build honours it too.
     slow = _notebook(tmp_path / "slow.ipynb", ["import time\ntime.sleep(60)"], {"execution": {"timeout": 2}})
-    done = _run(["--config", str(config), "--build-dir", str(build_dir), "--jobs", "2",
+    timings = tmp_path / "timings" / "notebooks.json"
+    done = _run(["--config", str(config), "--build-dir", str(build_dir), "--jobs", "2", "--timings", str(timings),
                  "good.ipynb", "bad.ipynb", "slow.ipynb"], cwd=tmp_path)
     out = done.stdout
     assert done.returncode == 1, out + done.stderr
+    record = json.loads(timings.read_text())  # what `make slowest` reads, failures included
+    assert record["jobs"] == 2 and record["wall_seconds"] > 0
+    assert {n["path"]: n["status"] for n in record["notebooks"]} == {
+        "good.ipynb": "executed", "bad.ipynb": "failed", "slow.ipynb": "failed"}
     assert "good.ipynb: Executed notebook in" in out
     assert "=== bad.ipynb failed ===" in out and "boom in the second cell" in out and "CellExecutionError" in out
     assert "=== slow.ipynb failed ===" in out and "CellTimeoutError" in out

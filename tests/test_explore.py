@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from utils import viz  # noqa: E402
-from utils.explore import frame_bbox, grid_points, moving_note, render_png, select_grid  # noqa: E402
+from utils.explore import frame_bbox, frame_dpi, grid_points, moving_note, render_png, select_grid  # noqa: E402
 
 pytest.importorskip("IPython", reason="a machine without Jupyter (the GPU machine)")
 ipywidgets = pytest.importorskip("ipywidgets", reason="a machine without Jupyter (the GPU machine)")
@@ -143,11 +143,13 @@ def test_every_frame_is_the_plot_functions_own_output():
     html = viz.explore(_bars, dpi=40, **controls).data
     frames, order = _parse(html)
     points = grid_points(select_grid(_bars, controls))
-    default_fig = _bars(n=4, colour="C0", pinned=0.5)
+    with frame_dpi(40):
+        default_fig = _bars(n=4, colour="C0", pinned=0.5)
     bbox = frame_bbox(default_fig)
     plt.close(default_fig)
     for index in (0, len(points) // 2, len(points) - 1):
-        fig = _bars(**points[index])
+        with frame_dpi(40):
+            fig = _bars(**points[index])
         expected = render_png(fig, 40, bbox=bbox)
         plt.close(fig)
         assert base64.b64decode(frames[order[index]].split(",", 1)[1]) == expected, points[index]

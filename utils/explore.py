@@ -272,22 +272,58 @@ def frame_bbox(fig: Any, pad_inches: float = 0.1) -> Any:
     return fig.get_tightbbox(fig.canvas.get_renderer()).padded(pad_inches)
 
 
-def render_png(fig: Any, dpi: int, colors: int = 64, bbox: Any = None) -> bytes:
-    """``fig`` as a small PNG: drawn at ``dpi``, cut to ``bbox`` (tight if ``None``), quantized to ``colors``.
+def frame_dpi(dpi: int) -> Any:
+    """A context in which new figures are made at ``dpi`` (``rcParams["figure.dpi"]``).
 
-    The frames of :func:`utils.viz.explore` are exactly these bytes, so a test can
-    render ``plot_fn(**values)`` itself and compare.
+    :func:`utils.viz.explore` calls the plot function inside it, so that the layout a plot
+    function computes (``tight_layout``) and :func:`render_png`'s one draw use the same
+    renderer and its text measurements; render a frame yourself inside it to get its bytes.
+    """
+    import matplotlib
+
+    return matplotlib.rc_context({"figure.dpi": dpi})
+
+
+def render_png(fig: Any, dpi: int, colors: int = 64, bbox: Any = None) -> bytes:
+    """``fig`` as a small PNG: drawn once at ``dpi``, cut to ``bbox`` (tight if ``None``), quantized to ``colors``.
+
+    The figure is drawn on the Agg canvas on a white face and the box (inches) is cut from
+    its pixels, as ``savefig(dpi=dpi, bbox_inches=bbox, facecolor="white")`` would, without
+    savefig's extra layout draw and its PNG round trip; a box that reaches past the figure
+    is filled with white. The frames of :func:`utils.viz.explore` are exactly these bytes (of
+    figures made inside :func:`frame_dpi`), so a test can render ``plot_fn(**values)`` itself
+    and compare.
     """
     import io
 
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from PIL import Image
 
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight" if bbox is None else bbox, facecolor="white")
-    image = Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    face = fig.get_facecolor()
+    if fig.dpi != dpi:
+        fig.set_dpi(dpi)
+    fig.set_facecolor("white")
+    try:
+        canvas.draw()
+        pixels = np.asarray(canvas.buffer_rgba())[..., :3]
+        if bbox is None:
+            bbox = frame_bbox(fig)
+    finally:
+        fig.set_facecolor(face)
+    height, width = pixels.shape[:2]
+    left, right = round(bbox.x0 * dpi), round(bbox.x1 * dpi)
+    top, bottom = round(height - bbox.y1 * dpi), round(height - bbox.y0 * dpi)
+    frame = np.full((max(1, bottom - top), max(1, right - left), 3), 255, dtype=np.uint8)
+    src_top, src_left = max(top, 0), max(left, 0)
+    src_bottom, src_right = min(bottom, height), min(right, width)
+    if src_bottom > src_top and src_right > src_left:
+        frame[src_top - top:src_bottom - top, src_left - left:src_right - left] = \
+            pixels[src_top:src_bottom, src_left:src_right]
     out = io.BytesIO()
-    image.quantize(colors=colors, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(
-        out, format="PNG", optimize=True)
+    Image.fromarray(frame, "RGB").quantize(colors=colors, method=Image.Quantize.FASTOCTREE,
+                                           dither=Image.Dither.NONE).save(out, format="PNG", optimize=True)
     return out.getvalue()
 
 

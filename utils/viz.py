@@ -72,7 +72,8 @@ def explore(plot_fn: PlotFn, budget: int = 24, dpi: int = 56, slider_values: int
     list to hold a control. At most ``budget`` frames are drawn: controls are
     thinned, in the order given, and those that do not fit are held at their
     default (the widget says which). Each frame is ``plot_fn(**values)`` saved
-    by :func:`utils.explore.render_png` at ``dpi`` with a ``colors``-colour
+    made at ``dpi`` (:func:`utils.explore.frame_dpi`) and drawn once by
+    :func:`utils.explore.render_png` with a ``colors``-colour
     palette, cut to the box of the defaults' frame (:func:`utils.explore.frame_bbox`).
     A combination ``plot_fn`` refuses with ``ValueError`` gets a frame that shows
     the message (the defaults must draw). Returns an ``IPython.display.HTML``;
@@ -80,7 +81,7 @@ def explore(plot_fn: PlotFn, budget: int = 24, dpi: int = 56, slider_values: int
     control carries ``data-control="<name>"``, the figure is its one
     ``<img class="viz-explore-frame">``.
     """
-    from utils.explore import frame_bbox, grid_points, render_html, render_png, select_grid
+    from utils.explore import frame_bbox, frame_dpi, grid_points, render_html, render_png, select_grid
 
     check_positive_int("dpi", dpi)
     check_positive_int("colors", colors)
@@ -90,15 +91,18 @@ def explore(plot_fn: PlotFn, budget: int = 24, dpi: int = 56, slider_values: int
     name = getattr(plot_fn, "__name__", "plot_fn")
     points = grid_points(grid)
     first = points.index({c.name: c.default for c in grid})  # the defaults' frame sets the box of all
-    fig = _draw(plot_fn, name, points[first])
+    with frame_dpi(dpi):
+        fig = _draw(plot_fn, name, points[first])
     size, bbox = tuple(fig.get_size_inches()), frame_bbox(fig)
     pngs: list[bytes] = [b""] * len(points)
     for index in [first] + [i for i in range(len(points)) if i != first]:
         if index != first:
             try:
-                fig = _draw(plot_fn, name, points[index])
+                with frame_dpi(dpi):
+                    fig = _draw(plot_fn, name, points[index])
             except ValueError as error:  # an invalid combination: the frame shows the function's own message
-                fig = _message_figure(f"{name}: {error}")
+                with frame_dpi(dpi):
+                    fig = _message_figure(f"{name}: {error}")
         pngs[index] = render_png(fig, dpi, colors, bbox if tuple(fig.get_size_inches()) == size else None)
         plt.close(fig)
     frames: list[bytes] = []

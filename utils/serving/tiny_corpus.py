@@ -18,8 +18,9 @@ amounts of it:
   so their greedy agreement sits strictly between 0 and 1.
 
 Everything is a pure function of the seed. Training runs on the CPU in a few
-seconds (the page's own thread count); its last digits depend on the CPU's
-vector width, so pages print its results only at stable precision.
+seconds (the page's own thread count), once per machine and code version
+(:mod:`utils.train_once`); its last digits depend on the CPU's vector width, so
+pages print its results only at stable precision.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from utils.attention.llama import LlamaConfig, TinyLlama
+from utils.train_once import train_once
 from utils.validate import check_nonnegative_int, check_positive, check_positive_int
 
 __all__ = ["DRAFT_CONFIGS", "TARGET_CONFIG", "CorpusSpec", "evaluate", "make_corpus", "transition_matrix",
@@ -112,6 +114,7 @@ def make_corpus(n_sequences: int, seq_len: int, spec: CorpusSpec = CorpusSpec(),
     return out
 
 
+@train_once
 def train_tiny_llama(config: LlamaConfig, steps: int = 200, seed: int = 0, spec: CorpusSpec = CorpusSpec(),
                      batch_size: int = 32, seq_len: int = 48, lr: float = 2e-3,
                      corpus: torch.Tensor | None = None) -> TinyLlama:
@@ -120,6 +123,9 @@ def train_tiny_llama(config: LlamaConfig, steps: int = 200, seed: int = 0, spec:
     ``corpus`` defaults to ``make_corpus(max(8 * batch_size, 256), seq_len, spec, seed=seed)`` and each step
     samples ``batch_size`` of its rows. The learning rate warms up over the first 10 % of ``steps`` and
     decays by a cosine to 10 % of ``lr``. ``config.vocab`` must equal the corpus's vocabulary.
+
+    Trained once per distinct call (:func:`utils.train_once.train_once`): part 5's pages and their
+    tests share the target and the drafts, and a later call loads the stored model, bitwise the same.
     """
     check_positive_int("steps", steps)
     check_positive_int("batch_size", batch_size)

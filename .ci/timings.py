@@ -1,0 +1,131 @@
+"""Where `make test`'s time went: its stages, and the slowest notebooks, cells and tests (`make slowest`).
+
+    python .ci/timings.py [--dir .cache/timings] [--top 10] [--stages-only]
+
+Reads what the last `make test` left in ``--dir``:
+
+- ``stages.tsv``: each stage's wall time (``.ci/stage.py``);
+- ``notebooks.json``: each notebook's seconds in the executed build (``.ci/execute_cache.py --timings``);
+- ``unit.xml`` and ``browser.xml``: pytest's JUnit reports of the unit tests and the browser suite;
+
+and, for the slowest cells, the per-cell times that nbclient stored in the notebooks themselves
+at their last ``make execute`` (the build's executor does not record cells). It reports only;
+it never fails because something is slow (speed is measured here, not asserted).
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {seconds % 60:4.1f} s" if seconds >= 60 else f"{seconds:.1f} s"
+
+
+def read_stages(folder: Path) -> list[tuple[str, float, int]]:
+    """``(name, seconds, exit status)`` of each stage, in the order they ran."""
+    path = folder / "stages.tsv"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        name, seconds, status = line.split("\t")
+        rows.append((name, float(seconds), int(status)))
+    return rows
+
+
+def read_notebooks(folder: Path) -> dict | None:
+    path = folder / "notebooks.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def read_junit(path: Path) -> list[tuple[float, str]]:
+    """``(seconds, test id)`` of every test case in a JUnit XML report, slowest first."""
+    if not path.is_file():
+        return []
+    cases = []
+    for case in ElementTree.parse(path).getroot().iter("testcase"):
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        cases.append((float(case.get("time", 0.0)), name))
+    return sorted(cases, reverse=True)
+
+
+def stored_cell_seconds(root: Path = ROOT) -> list[tuple[float, str]]:
+    """``(seconds, "notebook cell N")`` from nbclient's timestamps stored in the notebooks, slowest first."""
+    cells = []
+    for path in sorted(p for folder in ("chapters", "labs") for p in (root / folder).rglob("*.ipynb")
+                       if ".ipynb_checkpoints" not in p.parts):
+        notebook = json.loads(path.read_text())
+        for index, cell in enumerate(notebook["cells"]):
+            stamps = cell.get("metadata", {}).get("execution", {})
+            if cell["cell_type"] != "code" or "skip-execution" in cell.get("metadata", {}).get("tags", []):
+                continue
+            if "iopub.execute_input" in stamps and "shell.execute_reply" in stamps:
+                start, end = (datetime.datetime.fromisoformat(stamps[k].replace("Z", "+00:00"))
+                              for k in ("iopub.execute_input", "shell.execute_reply"))
+                cells.append(((end - start).total_seconds(), f"{path.relative_to(root)} cell {index}"))
+    return sorted(cells, reverse=True)
+
+
+def stage_report(folder: Path) -> list[str]:
+    stages = read_stages(folder)
+    if not stages:
+        return [f"no stage times in {folder}: run make test"]
+    lines = ["make test, stage by stage:"]
+    notebooks = read_notebooks(folder)
+    for name, seconds, status in stages:
+        note = "" if status == 0 else f"  (failed, exit status {status})"
+        lines.append(f"  {name:<16} {_minutes(seconds):>14}{note}")
+        if name == "execute" and notebooks:
+            ran = [n for n in notebooks["notebooks"] if n["status"] == "executed"]
+            total = sum(n["seconds"] for n in ran)
+            lines.append(f"    {len(ran)} notebooks, {notebooks['jobs']} at a time: {_minutes(notebooks['wall_seconds'])}"
+                         f" ({_minutes(total)} of notebook time); rendering the book: "
+                         f"{_minutes(max(0.0, seconds - notebooks['wall_seconds']))}")
+    lines.append(f"  {'total':<16} {_minutes(sum(s for _, s, _ in stages)):>14}")
+    return lines
+
+
+def slowest_report(folder: Path, top: int) -> list[str]:
+    lines = []
+    notebooks = read_notebooks(folder)
+    if notebooks:
+        lines += [f"The {top} slowest notebooks of the last executed build:"]
+        lines += [f"  {n['seconds']:7.1f} s  {n['path']}" for n in notebooks["notebooks"][:top]]
+    cells = stored_cell_seconds()
+    if cells:
+        lines += [f"The {top} slowest cells (their times as stored by the last make execute):"]
+        lines += [f"  {seconds:7.1f} s  {name}" for seconds, name in cells[:top]]
+    for report, title in (("unit.xml", "unit tests"), ("browser.xml", "browser tests")):
+        cases = read_junit(folder / report)
+        if cases:
+            lines += [f"The {top} slowest {title} (of {len(cases)}, {_minutes(sum(s for s, _ in cases))} in all):"]
+            lines += [f"  {seconds:7.1f} s  {name}" for seconds, name in cases[:top]]
+    return lines or [f"no timings in {folder}: run make test"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dir", type=Path, default=ROOT / ".cache" / "timings", help="where make test wrote its timings")
+    parser.add_argument("--top", type=int, default=10, help="how many of the slowest to list")
+    parser.add_argument("--stages-only", action="store_true", help="print the stage breakdown only")
+    args = parser.parse_args(argv)
+    if args.top < 1:
+        parser.error(f"--top must be at least 1, got {args.top}")
+    lines = stage_report(args.dir)
+    if not args.stages_only:
+        lines += [""] + slowest_report(args.dir, args.top)
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
