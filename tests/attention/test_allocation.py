@@ -148,3 +148,12 @@ def test_the_window_shrinks_the_memory_a_sharegpt_load_needs(shares):
                                max_len=2048, arrivals_per_step=5, seed=0)
     windowed = simulate(requests, "paged", capacity_tokens=32768, sliding_window=256)
     assert windowed.finished == 300 and windowed.preempted < shares["paged"].preempted
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "paged"])
+def test_contiguous_servers_do_not_depend_on_the_block_size(policy):
+    """Only the paged server has blocks (the chapter's widget simulates a contiguous one once for all block sizes)."""
+    reqs = sample_requests(80, 161, 338, max_len=2048, arrivals_per_step=5, seed=3)
+    runs = [simulate(reqs, policy, capacity_tokens=8192, block_size=b) for b in (1, 16, 512)]
+    assert runs[0] == runs[1] == runs[2]
+    assert simulate(reqs, "paged", 8192, block_size=1) != simulate(reqs, "paged", 8192, block_size=512)
