@@ -113,11 +113,12 @@ endif
 # myst-nb's cache and renders from it, check-outputs compares the cells tagged nbval-check-output with
 # the stored outputs by nbval's rules (.ci/check_outputs.py), and the link check and the browser suite
 # test that executed book. Each stage's wall time goes to $(TIMINGS); the breakdown is printed at the
-# end (`make slowest` adds the slowest notebooks, cells and tests). The trained models in .cache/trained
+# end (`make slowest` adds the slowest notebooks, cells and tests). The setup stage installs Chromium (for
+# `make browser`) beside the venv when it is missing. The trained models in .cache/trained
 # are kept: they are keyed by the code that trains them (utils.train_once), so they cannot be stale.
 test:
 	rm -rf $(TIMINGS)
-	$(STAGE) setup $(MAKE) --no-print-directory setup
+	$(STAGE) setup $(MAKE) --no-print-directory -j 2 setup $(CHROMIUM)
 	$(STAGE) unit $(MAKE) --no-print-directory unit
 	$(STAGE) book $(MAKE) --no-print-directory book
 	rm -rf _build
@@ -135,8 +136,9 @@ check-outputs: $(STAMP)
 	$(BIN)/python .ci/check_outputs.py --config _build/config/execute.yml --build-dir _build \
 		--sanitize tests/nbval_sanitize.cfg $(NOTEBOOKS)
 
+# The browser suite's own tests (tests/book/browser) run in `make browser`, which make test runs too.
 unit: $(STAMP)
-	$(BIN)/python -m pytest tests -n $(JOBS) -q --junitxml=$(TIMINGS)/unit.xml
+	$(BIN)/python -m pytest tests -n $(JOBS) -q --ignore=tests/book/browser --junitxml=$(TIMINGS)/unit.xml
 
 NBVAL := $(BIN)/python -m pytest --nbval-lax --nbval-cell-timeout=600 \
 	--nbval-sanitize-with tests/nbval_sanitize.cfg -n $(JOBS) --dist loadscope -q -p no:cacheprovider
