@@ -185,6 +185,16 @@ def test_causal_work_zigzag_balanced_exactly_and_contiguous_p_times_apart(world_
     assert sum(max(w[t] for w in zig) for t in range(p)) == (p + 1) * n * n // 2
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_work_equals_the_full_mask_for_many_sizes(layout, causal):
+    for world_size in (1, 2, 3, 5, 8):
+        for chunk in (1, 2, 7):
+            seq = 2 * world_size * chunk
+            assert ring_attention_work(seq, world_size, layout, causal) == \
+                _brute_force_work(seq, world_size, layout, causal), (world_size, chunk)
+
+
 def test_non_causal_work_is_every_block_in_full():
     assert ring_attention_work(12, 3, "zigzag", causal=False) == [[16] * 3] * 3
 

@@ -81,11 +81,16 @@ def _check_seq_len(seq_len: int, world_size: int, layout: str) -> int:
     return n
 
 
-def positions(seq_len: int, rank: int, world_size: int, layout: str) -> torch.Tensor:
-    """The global positions (int64) of rank ``rank``'s tokens, in the order :func:`shard_sequence` stores them."""
+def _chunk_ranges(seq_len: int, rank: int, world_size: int, layout: str) -> list[tuple[int, int]]:
+    """``[start, stop)`` of each chunk rank ``rank`` holds, in the order :func:`shard_sequence` stores them."""
     n = _check_seq_len(seq_len, world_size, layout)
     c = n // _n_chunks(world_size, layout)
-    return torch.cat([torch.arange(i * c, (i + 1) * c) for i in chunk_ids(rank, world_size, layout)])
+    return [(i * c, (i + 1) * c) for i in chunk_ids(rank, world_size, layout)]
+
+
+def positions(seq_len: int, rank: int, world_size: int, layout: str) -> torch.Tensor:
+    """The global positions (int64) of rank ``rank``'s tokens, in the order :func:`shard_sequence` stores them."""
+    return torch.cat([torch.arange(a, b) for a, b in _chunk_ranges(seq_len, rank, world_size, layout)])
 
 
 def _check_dim(x: torch.Tensor, dim: int) -> int:
@@ -142,15 +147,19 @@ def ring_attention_work(seq_len: int, world_size: int, layout: str = "contiguous
     rank does ``P`` times the first's work; zigzag: ``(2P + 2) (S / 2P)^2`` on every rank.
     """
     _check_seq_len(seq_len, world_size, layout)
-    pos = [positions(seq_len, r, world_size, layout) for r in range(world_size)]
-    work = []
-    for r in range(world_size):
-        row = []
-        for t in range(world_size):
-            act = _active(pos[r], pos[(r - t) % world_size], causal)
-            row.append(0 if act is None else len(act[0]) * len(act[1]))
-        work.append(row)
-    return work
+    ranges = [_chunk_ranges(seq_len, r, world_size, layout) for r in range(world_size)]
+    return [[_active_count(ranges[r], ranges[(r - t) % world_size], causal) for t in range(world_size)]
+            for r in range(world_size)]
+
+
+def _active_count(q_ranges: list[tuple[int, int]], k_ranges: list[tuple[int, int]], causal: bool) -> int:
+    """What :func:`_active` selects, (rows) x (keys), counted from the chunks' ranges without building positions."""
+    n_rows, n_keys = (sum(b - a for a, b in ranges) for ranges in (q_ranges, k_ranges))
+    if causal:
+        k_min, q_stop = min(a for a, _ in k_ranges), max(b for _, b in q_ranges)
+        n_rows = sum(max(0, b - max(a, k_min)) for a, b in q_ranges)  # rows at or after the first key
+        n_keys = sum(max(0, min(b, q_stop) - a) for a, b in k_ranges)  # keys at or before the last row
+    return n_rows * n_keys
 
 
 def ring_step_costs(local_seq: int, heads: int, kv_heads: int, head_dim: int, batch: int = 1,

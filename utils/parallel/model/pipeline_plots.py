@@ -34,7 +34,10 @@ def draw_ops(ax: Any, ops: Sequence[pp.Op], n_stages: int, until: float | None =
             continue
         end = o.end if until is None else min(o.end, until)
         color = {"F": _F, "B": _B, "W": _W}[o.kind][o.chunk % 4]
-        ax.barh(o.stage, end - o.start, left=o.start, height=0.8, color=color, edgecolor="white", linewidth=0.6)
+        # The bar barh would draw, added without barh's update of the data limits (they are set below):
+        # the same pixels, at a fraction of the cost for the hundreds of bars an animation or widget draws.
+        ax.add_artist(plt.Rectangle((o.start, o.stage - 0.4), end - o.start, 0.8, facecolor=color,
+                                    edgecolor="white", linewidth=0.6))
         if labels and end - o.start > 0.5 * (o.end - o.start):
             ax.text((o.start + end) / 2, o.stage, str(o.microbatch), ha="center", va="center", fontsize=7)
     ax.set_xlim(0, horizon)
