@@ -101,7 +101,7 @@ def chunk_phase(chunk: ScheduledChunk) -> str:
 
     Read before the step's tokens are counted as computed: the chunk starts at ``request.num_computed``.
     """
-    request, newest = chunk.request, len(chunk.request.tokens) - 1
+    request, newest = chunk.request, chunk.request.num_tokens - 1
     return "decode" if chunk.num_tokens == 1 and request.num_computed == newest >= len(request.prompt) else "prefill"
 
 
@@ -211,7 +211,7 @@ class Engine:
         for chunk, token in zip(chunks, greedy):
             request = chunk.request
             self.scheduler.computed(request, chunk.num_tokens)
-            if request.num_computed < len(request.tokens):
+            if request.num_computed < request.num_tokens:
                 continue  # a prompt chunk: no token yet
             request.output.append(token)
             self._token_times[request.request_id].append((self._steps, now))

@@ -29,8 +29,9 @@ tokens are identical.
 call per layer (:class:`utils.serving.batched_attention.DecodeBatch`:
 ``"batched"`` runs the Triton split-KV kernel on a GPU and a batched PyTorch
 gather elsewhere, ``"torch"`` and ``"triton"`` force one). Prefill chunks always
-take the loop. Batched, every segment's keys and values are written in one
-scatter before any attention (segments never share a slot they write).
+take the loop. Either way, every segment's keys and values are written in one
+scatter per layer before any attention (segments never share a slot they
+write), and the looped segments' histories are read back in one gather.
 """
 
 from __future__ import annotations
@@ -185,16 +186,20 @@ def forward_segments(model: TinyLlama, kv: KVBlocks, segments: Sequence[Segment]
     bounds = torch.tensor([0] + [len(s.tokens) for s in segments]).cumsum(0).tolist()
     decodes = [] if decode_attention == "loop" else [i for i, s in enumerate(segments) if len(s.tokens) == 1]
     looped = [i for i in range(len(segments)) if len(segments[i].tokens) > 1 or not decodes]
-    batch, write_all = None, None
+    batch = None
     if decodes:
         batch = DecodeBatch([segments[i].block_table for i in decodes], [segments[i].start + 1 for i in decodes],
                             kv.block_size, device, decode_attention,
                             None if len(decodes) == len(segments) else [bounds[i] for i in decodes])
-        write_all = torch.tensor([s.block_table[p // kv.block_size] * kv.block_size + p % kv.block_size
-                                  for s in segments for p in range(s.start, s.start + len(s.tokens))]).to(device)
-    write = {i: kv.slots(segments[i].block_table, segments[i].start, segments[i].start + len(segments[i].tokens))
-             for i in looped if batch is None}
-    read = {i: kv.slots(segments[i].block_table, 0, segments[i].start + len(segments[i].tokens)) for i in looped}
+    # one write of every segment's new keys and values per layer, then one read of every looped segment's
+    # whole history: segments never share a slot they write, and each reads only its own blocks
+    write_all = torch.tensor([s.block_table[p // kv.block_size] * kv.block_size + p % kv.block_size
+                              for s in segments for p in range(s.start, s.start + len(s.tokens))]).to(device)
+    read_all = [kv.slots(segments[i].block_table, 0, segments[i].start + len(segments[i].tokens)) for i in looped]
+    read_bounds = [0]
+    for slots in read_all:
+        read_bounds.append(read_bounds[-1] + len(slots))
+    read_all = torch.cat(read_all) if read_all else None
 
     x = model.embed(tokens)
     for layer, block in enumerate(model.blocks):
@@ -202,18 +207,16 @@ def forward_segments(model: TinyLlama, kv: KVBlocks, segments: Sequence[Segment]
         q = apply_rope(attn.wq(h).view(-1, c.n_heads, c.head_dim), cos, sin, c.rope_layout)
         k = apply_rope(attn.wk(h).view(-1, c.n_kv_heads, c.head_dim), cos, sin, c.rope_layout)
         v = attn.wv(h).view(-1, c.n_kv_heads, c.head_dim)
-        if batch is not None:
-            kv.write(layer, write_all, k, v)
+        kv.write(layer, write_all, k, v)
         if batch is not None and batch.rows is None:  # all decodes: one call, no loop
             out = batch.attend(q, kv.k[layer], kv.v[layer])
         else:
             out = torch.empty_like(q)
-        for i in looped:
-            lo, hi, s = bounds[i], bounds[i + 1], segments[i]
-            if batch is None:
-                kv.write(layer, write[i], k[lo:hi], v[lo:hi])
-            keys, values = kv.read(layer, read[i], q.dtype)
-            out[lo:hi] = _attend(q[lo:hi], keys, values, s.start)
+        if looped:
+            keys, values = kv.read(layer, read_all, q.dtype)
+        for j, i in enumerate(looped):
+            lo, hi, a, b = bounds[i], bounds[i + 1], read_bounds[j], read_bounds[j + 1]
+            out[lo:hi] = _attend(q[lo:hi], keys[a:b], values[a:b], segments[i].start)
         if batch is not None and batch.rows is not None:
             out[batch.rows] = batch.attend(q[batch.rows], kv.k[layer], kv.v[layer])
         x = x + attn.wo(out.flatten(1))

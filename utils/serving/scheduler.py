@@ -63,6 +63,11 @@ class Request:
         return self.prompt + self.output
 
     @property
+    def num_tokens(self) -> int:
+        """``len(self.tokens)``, without building the list (the scheduler asks every step)."""
+        return len(self.prompt) + len(self.output)
+
+    @property
     def finished(self) -> bool:
         return len(self.output) >= self.max_new_tokens
 
@@ -106,6 +111,9 @@ class Scheduler:
 
     def _take_cached_prefix(self, request: Request) -> None:
         """Reuse cached blocks of the request's prefix, leaving at least one token to compute (for logits)."""
+        if not self.pool.prefix_caching:  # nothing can hit: skip hashing the prompt
+            request.blocks, request.hashes, request.num_computed = [], [], 0
+            return
         tokens = request.tokens
         usable = (len(tokens) - 1) // self.block_size
         hashes = block_hashes(tokens[:usable * self.block_size], self.block_size)
@@ -126,7 +134,7 @@ class Scheduler:
         for request in list(self.running):
             if request not in self.running or budget == 0:
                 continue
-            n = min(len(request.tokens) - request.num_computed, budget)
+            n = min(request.num_tokens - request.num_computed, budget)
             while self._blocks_needed(request, n) > self.pool.num_free_blocks:
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -135,7 +143,9 @@ class Scheduler:
                     break
             if request not in self.running:
                 continue
-            request.blocks += self.pool.allocate(self._blocks_needed(request, n))
+            needed = self._blocks_needed(request, n)
+            if needed:  # a decode inside its last block needs none
+                request.blocks += self.pool.allocate(needed)
             chunks.append(ScheduledChunk(request, n))
             budget -= n
         if preempted or (self.policy == "static" and self.running):
@@ -145,7 +155,7 @@ class Scheduler:
                 break
             request = self.waiting[0]
             self._take_cached_prefix(request)
-            remaining = len(request.tokens) - request.num_computed
+            remaining = request.num_tokens - request.num_computed
             n = min(remaining, budget)
             if (n < remaining and not self.chunked_prefill) or self._blocks_needed(request, n) > self.pool.num_free_blocks:
                 self._release_cached_prefix(request)

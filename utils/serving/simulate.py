@@ -97,7 +97,7 @@ def simulate(trace: Sequence[TimedRequest], model: ServedModel, roof: Roof, num_
         for chunk in chunks:
             request = chunk.request
             scheduler.computed(request, chunk.num_tokens)
-            if request.num_computed < len(request.tokens):
+            if request.num_computed < request.num_tokens:
                 continue
             request.output.append(PLACEHOLDER_TOKEN)
             times[request.request_id].append(now)

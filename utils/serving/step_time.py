@@ -151,7 +151,8 @@ def step_cost(model: ServedModel, decode_contexts: Sequence[int] = (),
     ``c`` cached tokens and writes the ``n`` new ones (``(c + n) k`` bytes).
     Linear part: ``2 N T`` FLOPs and ``weight_bytes``, ``T`` = all new tokens.
     """
-    decode_contexts = [check_nonnegative_int("a decode context", s) for s in decode_contexts]
+    decode_contexts = [s if type(s) is int and s >= 0 else check_nonnegative_int("a decode context", s)
+                       for s in decode_contexts]  # plain ints skip the general check (the simulator's every step)
     chunks = []
     for chunk in prefill_chunks:
         if not isinstance(chunk, tuple) or len(chunk) != 2:
