@@ -50,6 +50,24 @@ def test_generation_is_the_sum_of_roofline_decode_steps():
     assert min_seconds(decode_step_cost(m.n_params_read, m.attention, 16, 100)) == pytest.approx(weights, rel=0.1)
 
 
+def test_generation_sums_exactly_the_scalar_decode_steps():
+    """The array form of the decode steps is the loop over decode_step_cost, bit for bit (sliding window too)."""
+    from utils.attention.kv_cache import MODELS
+    from utils.rl.rlhf_cost import PolicyModel
+
+    mistral = PolicyModel("Mistral-7B", param_count("Mistral-7B"), params_read_per_step("Mistral-7B"),
+                          MODELS["Mistral-7B"], 14336)
+    cases = [(policy_model("LLaMA-2-7B"), 128, 256, 1024, 8, 1), (policy_model("LLaMA-2-70B"), 64, 3000, 2000, 64, 4),
+             (policy_model("Llama-3-8B"), 7, 1, 3, 8, 2), (mistral, 1000, 4000, 300, 8, 1)]
+    for model, n_sequences, prompt_len, response_len, n_gpus, tp in cases:
+        per_replica = -(-n_sequences // (n_gpus // tp))
+        expected = 2 * model.n_params_read * per_replica * prompt_len / (spec("H100-SXM").flops("bf16") * 0.4 * tp)
+        for t in range(response_len):
+            expected += min_seconds(decode_step_cost(model.n_params_read, model.attention, per_replica,
+                                                     prompt_len + t), "H100-SXM", "bf16") / tp
+        assert generation_seconds(model, n_sequences, prompt_len, response_len, n_gpus, tp) == expected
+
+
 def test_training_is_6nd():
     m = policy_model("LLaMA-2-7B")
     t = rlhf_step_time("grpo", m, n_prompts=8, group_size=8, prompt_len=200, response_len=300, n_gpus=8, mfu=0.4,

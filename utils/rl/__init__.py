@@ -31,8 +31,8 @@ Modules:
   pre-training corpus, sampling with log-probabilities and sequence log-probs;
 - :mod:`utils.rl.post_training`: the verifiable arithmetic reward, KL to a
   frozen reference, and the GRPO and DPO loops of the post-training labs;
-- :mod:`utils.rl.starting_point`: the post-training labs' pre-trained and SFT
-  models, each trained once (:mod:`utils.train_once`) and loaded by the others;
+- :mod:`utils.rl.starting_point`: the post-training labs' pre-trained, SFT and
+  GRPO models, each trained once (:mod:`utils.train_once`) and loaded by the others;
 - :mod:`utils.rl.rlhf_cost`: the models an RLHF step holds in memory (PPO,
   GRPO, DPO; ZeRO-sharded) and a cost model of one step (generation at the
   decode roofline, old log-probs, scoring, epochs x 6ND training, exposed ZeRO-3

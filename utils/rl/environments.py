@@ -80,12 +80,12 @@ class RandomActionGridWorld:
         return divmod(int(state), self.cols)
 
     def _neighbour(self, state: int, action: int) -> int:
-        row, col = self.cell(state)
+        row, col = divmod(int(state), self.cols)  # self.cell, self.index inlined: learners call this every step
         dr, dc = MOVES[action]
         r, c = row + dr, col + dc
-        if not (0 <= r < self.rows and 0 <= c < self.cols) or self.index((r, c)) in self.walls:
+        if not (0 <= r < self.rows and 0 <= c < self.cols) or r * self.cols + c in self.walls:
             return state
-        return self.index((r, c))
+        return r * self.cols + c
 
     def move(self, state: int, action: int) -> tuple[int, float]:
         """The deterministic outcome ``(next_state, reward)`` of ``action`` in a non-terminal ``state``."""

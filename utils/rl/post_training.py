@@ -76,10 +76,15 @@ def kl_to_reference(policy: nn.Module, ref: nn.Module, sequences: torch.Tensor) 
 @torch.no_grad()
 def evaluate(policy: nn.Module, ref: nn.Module, problems: list[tuple[int, int]], samples_per_problem: int = 8,
              seed: int = 0) -> tuple[float, float]:
-    """``(mean reward, mean KL to ref)`` of responses sampled at temperature 1 for each problem."""
+    """``(mean reward, mean KL to ref)`` of responses sampled at temperature 1 for each problem.
+
+    A measurement only: the samples of one problem share their prefixes' forwards
+    (:func:`~utils.rl.tiny_lm.sample`'s ``share_prefixes``), which nothing trains on.
+    """
     check_positive_int("samples_per_problem", samples_per_problem)
     g = torch.Generator().manual_seed(seed)
-    seq, _ = sample(policy, prompt_tokens(problems).repeat_interleave(samples_per_problem, 0), generator=g)
+    seq, _ = sample(policy, prompt_tokens(problems).repeat_interleave(samples_per_problem, 0), generator=g,
+                    share_prefixes=True)
     return arithmetic_reward(seq).mean().item(), kl_to_reference(policy, ref, seq).mean().item()
 
 
@@ -304,9 +309,13 @@ def plot_reward_and_kl(steps, reward, kl, title: str = "", ref_reward: float | N
 
 
 def answer_distribution(model: nn.Module, problem: tuple[int, int], samples: int = 200, seed: int = 0) -> dict:
-    """``{response: count}`` of ``samples`` temperature-1 responses to one problem, most common first."""
+    """``{response: count}`` of ``samples`` temperature-1 responses to one problem, most common first.
+
+    The samples share their prefixes' forwards (:func:`~utils.rl.tiny_lm.sample`'s ``share_prefixes``).
+    """
     check_positive_int("samples", samples)
-    seq, _ = sample(model, prompt_tokens([problem] * samples), generator=torch.Generator().manual_seed(seed))
+    seq, _ = sample(model, prompt_tokens([problem] * samples), generator=torch.Generator().manual_seed(seed),
+                    share_prefixes=True)
     counts: dict[str, int] = {}
     for row in seq:
         text = decode(row[PROMPT_LEN:])

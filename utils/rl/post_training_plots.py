@@ -172,11 +172,12 @@ def plot_step_timeline(model: str = "LLaMA-2-7B", algorithm: str = "grpo", n_pro
                              n_rollout_gpus=None if placement == "colocated" else n_rollout_gpus, n_steps=n_steps,
                              epochs=epochs)
         lanes = list(dict.fromkeys(s.lane for s in segs))
+        ax.barh([lanes.index(s.lane) for s in segs], [s.end - s.start for s in segs], left=[s.start for s in segs],
+                height=0.6, color=[_PHASE_COLORS[s.phase] for s in segs], edgecolor="white")  # one call: cheaper
         for s in segs:
-            y = lanes.index(s.lane)
-            ax.barh(y, s.end - s.start, left=s.start, height=0.6, color=_PHASE_COLORS[s.phase], edgecolor="white")
             if s.phase != "weight sync" and s.end - s.start > 0.04 * max(x.end for x in segs):
-                ax.text((s.start + s.end) / 2, y, str(s.step), ha="center", va="center", color="white", fontsize=8)
+                ax.text((s.start + s.end) / 2, lanes.index(s.lane), str(s.step), ha="center", va="center",
+                        color="white", fontsize=8)
         ax.set_yticks(range(len(lanes)), lanes, fontsize=8)
         ax.invert_yaxis()
         ax.set_title(f"{placement}: {steady_step_seconds(segs):.1f} s per step", fontsize=9)

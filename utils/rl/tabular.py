@@ -20,7 +20,7 @@ Environments are those of :mod:`utils.rl.environments` (``reset``, ``step``,
 
 from __future__ import annotations
 
-from typing import Callable
+import bisect
 
 import numpy as np
 
@@ -33,24 +33,28 @@ def _check_unit(name: str, value: float) -> float:
     return float(value)
 
 
-def epsilon_greedy(q_row: np.ndarray, epsilon: float, rng: np.random.Generator) -> int:
-    """A uniformly random action with probability ``epsilon``, else a greedy one (ties broken at random)."""
+def epsilon_greedy(q_row: np.ndarray | list[float], epsilon: float, rng: np.random.Generator) -> int:
+    """A uniformly random action with probability ``epsilon``, else a greedy one (ties broken at random).
+
+    ``q_row`` holds the action values of one state (an array row or a list).
+    """
     if rng.random() < epsilon:
         return int(rng.integers(len(q_row)))
-    best = np.flatnonzero(q_row == q_row.max())
-    return int(best[rng.integers(len(best))]) if len(best) > 1 else int(best[0])
+    values = q_row.tolist() if isinstance(q_row, np.ndarray) else list(q_row)  # plain floats: cheaper than numpy
+    top = max(values)
+    best = [a for a, value in enumerate(values) if value == top]
+    return int(best[rng.integers(len(best))]) if len(best) > 1 else best[0]
 
 
 def _td_control(env, episodes: int, alpha: float, epsilon: float, gamma: float, seed: int,
-                max_steps: int, expected_next: Callable[[np.ndarray, int], float] | None
-                ) -> tuple[np.ndarray, np.ndarray]:
+                max_steps: int, greedy_target: bool) -> tuple[np.ndarray, np.ndarray]:
     check_positive_int("episodes", episodes)
     check_positive("alpha", alpha)
     _check_unit("epsilon", epsilon)
     _check_unit("gamma", gamma)
     check_positive_int("max_steps", max_steps)
     rng = np.random.default_rng(seed)
-    Q = np.zeros((env.n_states, env.n_actions))
+    Q = [[0.0] * env.n_actions for _ in range(env.n_states)]  # lists of floats: the same doubles, cheaper per step
     returns = np.zeros(episodes)
     for episode in range(episodes):
         s = env.reset()
@@ -62,29 +66,28 @@ def _td_control(env, episodes: int, alpha: float, epsilon: float, gamma: float, 
             a_next = epsilon_greedy(Q[s_next], epsilon, rng)
             if done:
                 target = r
-            elif expected_next is None:  # SARSA: the action we will take
-                target = r + gamma * Q[s_next, a_next]
-            else:  # Q-learning: the greedy action, whatever we take
-                target = r + gamma * expected_next(Q, s_next)
-            Q[s, a] += alpha * (target - Q[s, a])
+            elif greedy_target:  # Q-learning: the greedy action, whatever we take
+                target = r + gamma * max(Q[s_next])
+            else:  # SARSA: the action we will take
+                target = r + gamma * Q[s_next][a_next]
+            Q[s][a] += alpha * (target - Q[s][a])
             s, a = s_next, a_next
             if done:
                 break
         returns[episode] = total
-    return Q, returns
+    return np.array(Q, dtype=float), returns
 
 
 def q_learning(env, episodes: int = 500, alpha: float = 0.5, epsilon: float = 0.1, gamma: float = 1.0,
                seed: int = 0, max_steps: int = 10_000) -> tuple[np.ndarray, np.ndarray]:
     """``(Q, returns)``: Q-learning from ``Q = 0``, behaving epsilon-greedily; ``returns`` per episode (undiscounted)."""
-    return _td_control(env, episodes, alpha, epsilon, gamma, seed, max_steps,
-                       expected_next=lambda Q, s: Q[s].max())
+    return _td_control(env, episodes, alpha, epsilon, gamma, seed, max_steps, greedy_target=True)
 
 
 def sarsa(env, episodes: int = 500, alpha: float = 0.5, epsilon: float = 0.1, gamma: float = 1.0,
           seed: int = 0, max_steps: int = 10_000) -> tuple[np.ndarray, np.ndarray]:
     """``(Q, returns)``: SARSA from ``Q = 0``, on-policy with epsilon-greedy; ``returns`` per episode (undiscounted)."""
-    return _td_control(env, episodes, alpha, epsilon, gamma, seed, max_steps, expected_next=None)
+    return _td_control(env, episodes, alpha, epsilon, gamma, seed, max_steps, greedy_target=False)
 
 
 def greedy_rollout(env, Q: np.ndarray, max_steps: int = 1_000) -> tuple[list[int], float]:
@@ -108,10 +111,14 @@ def softmax_policy(theta: np.ndarray) -> np.ndarray:
 
 def sample_episode(env, policy: np.ndarray, rng: np.random.Generator, max_steps: int = 200
                    ) -> list[tuple[int, int, float]]:
-    """One episode ``[(s_t, a_t, r_{t+1}), ...]`` following the stochastic ``policy`` ``(S, A)``."""
+    """One episode ``[(s_t, a_t, r_{t+1}), ...]`` following the stochastic ``policy`` ``(S, A)``.
+
+    The action is the first whose cumulative probability exceeds a uniform draw (inverse CDF).
+    """
+    cdf = np.cumsum(policy, axis=-1).tolist()  # each row as np.cumsum(policy[s]); bisect on plain floats is cheap
     s, steps = env.reset(), []
     for _ in range(max_steps):
-        a = min(int(np.searchsorted(np.cumsum(policy[s]), rng.random(), side="right")), env.n_actions - 1)
+        a = min(bisect.bisect_right(cdf[s], rng.random()), env.n_actions - 1)
         s_next, r, done = env.step(a)
         steps.append((s, a, r))
         s = s_next

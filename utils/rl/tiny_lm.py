@@ -165,20 +165,33 @@ def sequence_logprob(model: nn.Module, sequences: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def sample(model: nn.Module, prompts: torch.Tensor, temperature: float = 1.0,
-           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+           generator: torch.Generator | None = None,
+           share_prefixes: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample responses: ``(sequences (batch, SEQ_LEN), token log-probs (batch, MAX_RESPONSE))``.
 
     Tokens are drawn from ``softmax(logits / temperature)`` (``temperature = 0``:
     greedy); the log-probs returned are those of the temperature-1 policy, the
     ones the RL objectives need. After the end mark every position is padding.
+
+    ``share_prefixes=True`` runs the model once per *distinct* row so far (many samples of one
+    prompt share a forward: 400 samples of one problem need a handful of rows, not 400) and
+    draws from the same generator in the same order. The law is the same; the logits' last bits
+    may differ from a full batch's (a BLAS may round differently for another number of rows), so
+    on rare draws a token can differ from the default's.
     """
     check_nonnegative("temperature", temperature)
     if prompts.dim() != 2 or prompts.shape[1] != PROMPT_LEN:
         raise ValueError(f"prompts must be (batch, {PROMPT_LEN}) token ids, got {tuple(prompts.shape)}")
+    if not isinstance(share_prefixes, bool):
+        raise ValueError(f"share_prefixes must be True or False, got {share_prefixes!r}")
     seq, logps = prompts.clone(), []
     done = torch.zeros(len(prompts), dtype=torch.bool, device=prompts.device)
     for _ in range(MAX_RESPONSE):
-        logp = torch.log_softmax(model(seq)[:, -1].float(), -1)
+        if share_prefixes:
+            rows, inverse = torch.unique(seq, dim=0, return_inverse=True)
+            logp = torch.log_softmax(model(rows)[:, -1].float(), -1)[inverse]
+        else:
+            logp = torch.log_softmax(model(seq)[:, -1].float(), -1)
         if temperature == 0:
             token = logp.argmax(-1)
         else:
