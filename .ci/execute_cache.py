@@ -26,7 +26,8 @@ A failure stops ``make`` before the build, with the notebook and the reason:
 
 Every notebook is attempted (the cache keeps the ones that succeed), the failures are
 printed together at the end and the exit status is 1. Each finished notebook prints
-``<path>: Executed notebook in N seconds``, the line ``.ci/repeat_book.py`` reads.
+``<path>: Executed notebook in N seconds``, the line ``.ci/repeat_book.py`` reads, and
+``--timings FILE`` writes every notebook's status and seconds as JSON (``make slowest``).
 """
 
 from __future__ import annotations

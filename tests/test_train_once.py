@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import time
 
 import pytest
 import torch
@@ -149,3 +150,18 @@ def test_the_book_models_loaded_from_the_cache_are_the_trained_ones(cache):
     assert _same(train_tiny_llama(TINY, steps=3), trained)  # a hit: loads
     assert not _same(train_tiny_llama(TINY, steps=4), trained)
     assert train_tiny_llama(TINY, steps=3).training is False
+
+
+def test_the_folder_keeps_the_most_recently_used_entries(cache, monkeypatch):
+    monkeypatch.setattr(train_once_module, "MAX_ENTRIES", 2)
+    first = fit(steps=1)
+    time.sleep(0.05)  # file times are only as fine as the kernel's clock tick
+    fit(steps=2)
+    time.sleep(0.05)
+    fit(steps=1)  # a hit: steps=1 becomes the most recently used
+    time.sleep(0.05)
+    fit(steps=3)  # stores a third entry: steps=2, the least recently used, goes
+    assert len(list(cache.glob("*.pt"))) == 2
+    assert any(fit.cache_key(steps=1)[:32] in p.name for p in cache.glob("*.pt"))
+    assert not any(fit.cache_key(steps=2)[:32] in p.name for p in cache.glob("*.pt"))
+    assert _same(first, fit(steps=1))

@@ -26,6 +26,8 @@ the caller's random state exactly as it was.
 Entries live in ``$BOOK_TRAIN_CACHE`` if set (``off`` turns the cache off), else in
 ``.cache/trained`` of the book's checkout (``make clean`` removes it). Two processes that
 miss the same key at once train it once: the second waits on a file lock (POSIX) and loads.
+Every edit of ``utils`` gives new keys, so the folder keeps the :data:`MAX_ENTRIES` most
+recently used entries and deletes older ones when it stores a new one.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ CACHE_VARIABLE = "BOOK_TRAIN_CACHE"
 """Environment variable: the cache folder, or ``off`` to train on every call."""
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
+
+MAX_ENTRIES = 64
+"""Entries kept in the cache folder (the most recently used; a tiny model's entry is about a megabyte)."""
 
 
 def cache_dir() -> Path | None:
@@ -140,6 +145,15 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _prune(folder: Path) -> None:
+    """Delete all but the :data:`MAX_ENTRIES` most recently used entries (and their lock files) of ``folder``."""
+    keep = MAX_ENTRIES
+    entries = sorted(folder.glob("*.pt"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for stale in entries[keep:]:
+        for path in (stale, stale.with_suffix(".lock")):
+            path.unlink(missing_ok=True)
+
+
 def _run(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -169,13 +183,16 @@ def train_once(fn: F) -> F:
         with _locked(entry.with_suffix(".lock")):
             if entry.is_file():
                 try:
-                    return torch.load(entry, weights_only=False)
+                    result = torch.load(entry, weights_only=False)
+                    os.utime(entry)  # most recently used: kept by _prune
+                    return result
                 except Exception:  # a damaged entry (an interrupted write on a system without atomic rename)
                     entry.unlink(missing_ok=True)
             result = _run(fn, args, kwargs)
             with tempfile.NamedTemporaryFile(dir=folder, suffix=".tmp", delete=False) as handle:
                 torch.save(result, handle)
             os.replace(handle.name, entry)
+        _prune(folder)
         return torch.load(entry, weights_only=False)
 
     wrapper.cache_key = functools.partial(cache_key, fn)  # type: ignore[attr-defined]
