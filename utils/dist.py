@@ -159,6 +159,17 @@ def worker_threads(start_method: str, world_size: int, cpu_count: int | None = N
     return 1 if start_method == "fork" else max(1, (cores or 1) // world_size)
 
 
+def _preload_for_fork() -> None:
+    """Import, once in the parent, what every forked worker would otherwise import for itself.
+
+    A torch optimizer (``Optimizer.add_param_group``) and FSDP2 import ``torch._dynamo`` on
+    first use: 1 to 3 s of CPU in each rank of every launch. Imported before the fork, the
+    workers inherit it and the parent pays once per kernel. (It starts no thread, so the fork
+    stays safe.)
+    """
+    import torch._dynamo  # noqa: F401
+
+
 def _stop(processes: Sequence[mp.process.BaseProcess]) -> None:
     """Terminate, then kill, every worker still alive, and reap them all."""
     processes = [p for p in processes if p.pid is not None]  # started ones only
@@ -256,6 +267,7 @@ def launch(
     method = choose_start_method(start_method, cuda_present(), "fork" in mp.get_all_start_methods())
     ctx = mp.get_context(method)
     if method == "fork":
+        _preload_for_fork()
         payload: bytes | tuple = (fn, args)
     else:
         import cloudpickle
