@@ -97,32 +97,48 @@ $(MATHJAX)/tex-mml-chtml.js: $(STAMP)
 # skip-execution (the live widgets, which need a kernel and are removed from the HTML anyway) are
 # not run: see README, "Why the live-widget cells are not executed by the book build".
 BOOK_CONFIG := _build/config/$(if $(filter 1,$(EXECUTE)),execute,stored).yml
+# $(call book_config,MODE,FILE): _config.yml with execute_notebooks set to MODE ("cache" or "off") and
+# the cell timeout set to CELL_TIMEOUT, written to FILE.
+book_config = mkdir -p _build/config && sed -e 's/^\(  *execute_notebooks:\).*/\1 $(1)/' \
+	-e 's/^\(  *timeout:\).*/\1 $(CELL_TIMEOUT)/' _config.yml > $(2)
+# Where the build goes: $(BOOK_OUT)/_build/html (make test builds the stored outputs into _build/stored
+# beside the executed book).
+BOOK_OUT ?= .
 book: $(STAMP) $(MATHJAX)/tex-mml-chtml.js
-	mkdir -p _build/config
-	sed -e 's/^\(  *execute_notebooks:\).*/\1 $(if $(filter 1,$(EXECUTE)),cache,"off")/' \
-		-e 's/^\(  *timeout:\).*/\1 $(CELL_TIMEOUT)/' _config.yml > $(BOOK_CONFIG)
+	$(call book_config,$(if $(filter 1,$(EXECUTE)),cache,"off"),$(BOOK_CONFIG))
 ifeq ($(EXECUTE),1)
 	$(BIN)/python .ci/execute_cache.py --config $(BOOK_CONFIG) --build-dir _build --jobs $(JOBS) \
 		--timings $(TIMINGS)/notebooks.json $(NOTEBOOKS)
 endif
-	$(BIN)/jupyter-book build . --config $(BOOK_CONFIG) --path-output . -W --keep-going
-	@echo "Open _build/html/index.html"
+	$(BIN)/jupyter-book build . --config $(BOOK_CONFIG) --path-output $(BOOK_OUT) -W --keep-going
+	@echo "Open $(BOOK_OUT)/_build/html/index.html"
 
-# Each notebook runs once: `make book` renders the stored outputs with -W (what a reader's first
-# command builds; no execution), then from a clean _build the executed build runs every notebook through
-# myst-nb's cache and renders from it, check-outputs compares the cells tagged nbval-check-output with
-# the stored outputs by nbval's rules (.ci/check_outputs.py), and the link check and the browser suite
-# test that executed book. Each stage's wall time goes to $(TIMINGS); the breakdown is printed at the
-# end (`make slowest` adds the slowest notebooks, cells and tests). The setup stage installs Chromium (for
-# `make browser`) beside the venv when it is missing. The trained models in .cache/trained
-# are kept: they are keyed by the code that trains them (utils.train_once), so they cannot be stale.
+# The two builds make test renders side by side (each is one process; together they use both cores):
+# the executed book (every notebook already in the cache) and the stored outputs with -W.
+.PHONY: book-executed book-stored
+book-executed:
+	$(MAKE) --no-print-directory book EXECUTE=1
+book-stored:
+	$(MAKE) --no-print-directory book BOOK_OUT=_build/stored
+
+# Each notebook runs once: from a clean _build the executed build runs every notebook through myst-nb's
+# cache (.ci/execute_cache.py, JOBS at a time); then the book is rendered from that cache while, beside
+# it, the stored outputs are rendered with -W (what a reader's first command, `make book`, builds; no
+# execution); check-outputs compares the cells tagged nbval-check-output with the stored outputs by
+# nbval's rules (.ci/check_outputs.py), and the link check and the browser suite test the executed book.
+# Each stage's wall time goes to $(TIMINGS); the breakdown is printed at the end (`make slowest` adds the
+# slowest notebooks, cells and tests). The setup stage installs Chromium (for `make browser`) beside the
+# venv when it is missing, and vendors MathJax. The trained models in .cache/trained are kept: they are
+# keyed by the code that trains them (utils.train_once), so they cannot be stale.
 test:
 	rm -rf $(TIMINGS)
-	$(STAGE) setup $(MAKE) --no-print-directory -j 2 setup $(CHROMIUM)
+	$(STAGE) setup $(MAKE) --no-print-directory -j 2 $(MATHJAX)/tex-mml-chtml.js $(CHROMIUM)
 	$(STAGE) unit $(MAKE) --no-print-directory unit
-	$(STAGE) book $(MAKE) --no-print-directory book
 	rm -rf _build
-	$(STAGE) execute $(MAKE) --no-print-directory book EXECUTE=1
+	$(call book_config,cache,_build/config/execute.yml)
+	$(STAGE) execute $(BIN)/python .ci/execute_cache.py --config _build/config/execute.yml --build-dir _build \
+		--jobs $(JOBS) --timings $(TIMINGS)/notebooks.json $(NOTEBOOKS)
+	$(STAGE) book $(MAKE) --no-print-directory -j 2 -O book-executed book-stored
 	$(STAGE) check-outputs $(MAKE) --no-print-directory check-outputs
 	$(STAGE) links $(MAKE) --no-print-directory links
 	$(STAGE) browser $(MAKE) --no-print-directory browser

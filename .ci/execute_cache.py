@@ -282,8 +282,8 @@ def run(paths: list[str], config_path: Path, build_dir: Path, jobs: int, timings
     for path in missing:
         print(f"{path}: executed, but no cache record matches it: the build would execute it again", flush=True)
     counts = {s: sum(o.status == s for o in outcomes) for s in ("executed", "cached", "excluded", "failed")}
-    if timings is not None:
-        write_timings(timings, outcomes, jobs, time.monotonic() - start)
+    if timings is not None and any(o.status in ("executed", "failed") for o in outcomes):
+        write_timings(timings, outcomes, jobs, time.monotonic() - start)  # a run that only found the cache keeps the last
     print(f"{counts['executed']} executed, {counts['cached']} already cached, {counts['excluded']} excluded, "
           f"{counts['failed']} failed, in {time.monotonic() - start:.1f} s with {jobs} at a time", flush=True)
     return 1 if failed or missing else 0

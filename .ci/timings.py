@@ -87,9 +87,7 @@ def stage_report(folder: Path) -> list[str]:
         if name == "execute" and notebooks:
             ran = [n for n in notebooks["notebooks"] if n["status"] == "executed"]
             total = sum(n["seconds"] for n in ran)
-            lines.append(f"    {len(ran)} notebooks, {notebooks['jobs']} at a time: {_minutes(notebooks['wall_seconds'])}"
-                         f" ({_minutes(total)} of notebook time); rendering the book: "
-                         f"{_minutes(max(0.0, seconds - notebooks['wall_seconds']))}")
+            lines.append(f"    {len(ran)} notebooks, {notebooks['jobs']} at a time: {_minutes(total)} of notebook time")
     lines.append(f"  {'total':<16} {_minutes(sum(s for _, s, _ in stages)):>14}")
     return lines
 
