@@ -113,36 +113,40 @@ endif
 	$(BIN)/jupyter-book build . --config $(BOOK_CONFIG) --path-output $(BOOK_OUT) -W --keep-going
 	@echo "Open $(BOOK_OUT)/_build/html/index.html"
 
-# The two builds make test renders side by side (each is one process; together they use both cores):
-# the executed book (every notebook already in the cache) and the stored outputs with -W.
-.PHONY: book-executed book-stored
-book-executed:
-	$(MAKE) --no-print-directory book EXECUTE=1
-book-stored:
-	$(MAKE) --no-print-directory book BOOK_OUT=_build/stored
-
-# Each notebook runs once: from a clean _build the executed build runs every notebook through myst-nb's
-# cache (.ci/execute_cache.py, JOBS at a time); then the book is rendered from that cache while, beside
-# it, the stored outputs are rendered with -W (what a reader's first command, `make book`, builds; no
-# execution); check-outputs compares the cells tagged nbval-check-output with the stored outputs by
-# nbval's rules (.ci/check_outputs.py), and the link check and the browser suite test the executed book.
-# Each stage's wall time goes to $(TIMINGS); the breakdown is printed at the end (`make slowest` adds the
-# slowest notebooks, cells and tests). The setup stage installs Chromium (for `make browser`) beside the
-# venv when it is missing, and vendors MathJax. The trained models in .cache/trained are kept: they are
-# keyed by the code that trains them (utils.train_once), so they cannot be stale.
+# Each notebook runs once. After the setup stage three things run side by side, so that both cores stay
+# busy where one alone leaves a core idle (tests and notebooks that wait, the tail of each stage):
+#   - the notebooks: from a clean _build every notebook runs through myst-nb's cache
+#     (.ci/execute_cache.py, JOBS at a time), the book is rendered from that cache, check-outputs
+#     compares the cells tagged nbval-check-output with the stored outputs by nbval's rules
+#     (.ci/check_outputs.py), and the link check and the browser suite test the executed book;
+#   - the unit tests (their output is printed in one piece when they end);
+#   - the book from the stored outputs with -W (what a reader's first command, `make book`, builds;
+#     no execution), into _build/stored.
+# Each stage's wall time, start and end go to $(TIMINGS); the breakdown is printed at the end (`make
+# slowest` adds the slowest notebooks, cells and tests). A failing stage fails make test after the
+# others have ended. The setup stage installs Chromium (for `make browser`) beside the venv when it is
+# missing, and vendors MathJax. The trained models in .cache/trained are kept: they are keyed by the
+# code that trains them (utils.train_once), so they cannot be stale.
 test:
 	rm -rf $(TIMINGS)
-	$(STAGE) setup $(MAKE) --no-print-directory -j 2 $(MATHJAX)/tex-mml-chtml.js $(CHROMIUM)
-	$(STAGE) unit $(MAKE) --no-print-directory unit
+	+$(STAGE) setup $(MAKE) --no-print-directory -j 2 $(MATHJAX)/tex-mml-chtml.js $(CHROMIUM)
 	rm -rf _build
+	$(MAKE) --no-print-directory -j 3 test-notebooks test-unit test-stored
+	@$(PYTHON) .ci/timings.py --dir $(TIMINGS) --stages-only
+
+.PHONY: test-notebooks test-unit test-stored
+test-notebooks:
 	$(call book_config,cache,_build/config/execute.yml)
 	$(STAGE) execute $(BIN)/python .ci/execute_cache.py --config _build/config/execute.yml --build-dir _build \
 		--jobs $(JOBS) --timings $(TIMINGS)/notebooks.json $(NOTEBOOKS)
-	$(STAGE) book $(MAKE) --no-print-directory -j 2 -O book-executed book-stored
-	$(STAGE) check-outputs $(MAKE) --no-print-directory check-outputs
-	$(STAGE) links $(MAKE) --no-print-directory links
-	$(STAGE) browser $(MAKE) --no-print-directory browser
-	@$(PYTHON) .ci/timings.py --dir $(TIMINGS) --stages-only
+	+$(STAGE) book $(MAKE) --no-print-directory book EXECUTE=1
+	+$(STAGE) check-outputs $(MAKE) --no-print-directory check-outputs
+	+$(STAGE) links $(MAKE) --no-print-directory links
+	+$(STAGE) browser $(MAKE) --no-print-directory browser
+test-unit:
+	+$(STAGE) --output $(TIMINGS)/unit.log unit $(MAKE) --no-print-directory unit
+test-stored:
+	+$(STAGE) --output $(TIMINGS)/book-stored.log book-stored $(MAKE) --no-print-directory book BOOK_OUT=_build/stored
 
 slowest:
 	@$(PYTHON) .ci/timings.py --dir $(TIMINGS)

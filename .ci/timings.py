@@ -4,7 +4,8 @@
 
 Reads what the last `make test` left in ``--dir``:
 
-- ``stages.tsv``: each stage's wall time (``.ci/stage.py``);
+- ``stages.tsv``: each stage's wall time, start and end (``.ci/stage.py``); the total is the run's
+  wall time, first start to last end, since some stages run side by side;
 - ``notebooks.json``: each notebook's seconds in the executed build (``.ci/execute_cache.py --timings``);
 - ``unit.xml`` and ``browser.xml``: pytest's JUnit reports of the unit tests and the browser suite;
 
@@ -21,6 +22,7 @@ import datetime
 import json
 import sys
 import xml.etree.ElementTree as ElementTree
+from typing import NamedTuple
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,16 +32,35 @@ def _minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {seconds % 60:4.1f} s" if seconds >= 60 else f"{seconds:.1f} s"
 
 
-def read_stages(folder: Path) -> list[tuple[str, float, int]]:
-    """``(name, seconds, exit status)`` of each stage, in the order they ran."""
+class Stage(NamedTuple):
+    """One line of ``stages.tsv``: a stage's name, wall seconds, exit status, and its start and end
+    (seconds since the epoch; ``None`` in a log written before stages ran side by side)."""
+
+    name: str
+    seconds: float
+    status: int
+    start: float | None = None
+    end: float | None = None
+
+
+def read_stages(folder: Path) -> list[Stage]:
+    """Each stage of the last ``make test``, in the order the stages ended."""
     path = folder / "stages.tsv"
     if not path.is_file():
         return []
     rows = []
     for line in path.read_text().splitlines():
-        name, seconds, status = line.split("\t")
-        rows.append((name, float(seconds), int(status)))
+        name, seconds, status, *span = line.split("\t")
+        start, end = (float(span[0]), float(span[1])) if len(span) == 2 else (None, None)
+        rows.append(Stage(name, float(seconds), int(status), start, end))
     return rows
+
+
+def wall_seconds(stages: list[Stage]) -> float:
+    """The run's wall time: first start to last end, or the sum of the stages if a log has no spans."""
+    if stages and all(s.start is not None for s in stages):
+        return max(s.end for s in stages) - min(s.start for s in stages)
+    return sum(s.seconds for s in stages)
 
 
 def read_notebooks(folder: Path) -> dict | None:
@@ -79,16 +100,20 @@ def stage_report(folder: Path) -> list[str]:
     stages = read_stages(folder)
     if not stages:
         return [f"no stage times in {folder}: run make test"]
-    lines = ["make test, stage by stage:"]
+    timed = all(s.start is not None for s in stages)
+    first = min(s.start for s in stages) if timed else 0.0
+    lines = ["make test, stage by stage" + (" (from: when it started; stages side by side share the cores):"
+                                            if timed else ":")]
     notebooks = read_notebooks(folder)
-    for name, seconds, status in stages:
-        note = "" if status == 0 else f"  (failed, exit status {status})"
-        lines.append(f"  {name:<16} {_minutes(seconds):>14}{note}")
-        if name == "execute" and notebooks:
+    for stage in sorted(stages, key=lambda s: s.start) if timed else stages:
+        note = "" if stage.status == 0 else f"  (failed, exit status {stage.status})"
+        when = f"  from {_minutes(stage.start - first)}" if timed else ""
+        lines.append(f"  {stage.name:<16} {_minutes(stage.seconds):>14}{when}{note}")
+        if stage.name == "execute" and notebooks:
             ran = [n for n in notebooks["notebooks"] if n["status"] == "executed"]
             total = sum(n["seconds"] for n in ran)
             lines.append(f"    {len(ran)} notebooks, {notebooks['jobs']} at a time: {_minutes(total)} of notebook time")
-    lines.append(f"  {'total':<16} {_minutes(sum(s for _, s, _ in stages)):>14}")
+    lines.append(f"  {'total (wall)':<16} {_minutes(wall_seconds(stages)):>14}")
     return lines
 
 

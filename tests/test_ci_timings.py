@@ -32,11 +32,33 @@ def test_a_stage_logs_its_time_and_passes_its_exit_status_on(tmp_path, capsys):
     assert stage.main(["--log", str(log), "unit", "--", sys.executable, "-c", "pass"]) == 0
     assert stage.main(["--log", str(log), "broken", "--", sys.executable, "-c", "raise SystemExit(3)"]) == 3
     rows = timings.read_stages(log.parent)
-    assert [(name, status) for name, _, status in rows] == [("unit", 0), ("broken", 3)]
-    assert all(seconds >= 0 for _, seconds, _ in rows)
+    assert [(row.name, row.status) for row in rows] == [("unit", 0), ("broken", 3)]
+    assert all(row.seconds >= 0 and row.end - row.start == pytest.approx(row.seconds, abs=0.2) for row in rows)
+    assert rows[0].start <= rows[1].start
     assert "stage broken:" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         stage.main(["--log", str(log), "nothing", "--"])
+
+
+def test_a_stage_beside_others_prints_its_output_in_one_piece_when_it_ends(tmp_path, capsys):
+    log, output = tmp_path / "stages.tsv", tmp_path / "logs" / "unit.log"
+    code = "import sys; print('first line'); print('to stderr', file=sys.stderr); sys.exit(2)"
+    assert stage.main(["--log", str(log), "--output", str(output), "unit", "--", sys.executable, "-c", code]) == 2
+    assert output.read_text().splitlines() == ["first line", "to stderr"]
+    out = capsys.readouterr().out
+    assert out.index("runs beside the others") < out.index("first line") < out.index("to stderr") \
+        < out.index("stage unit: 0 s (failed, exit status 2)")
+
+
+def test_stages_side_by_side_count_once_in_the_total(tmp_path, capsys):
+    (tmp_path / "stages.tsv").write_text("setup\t80.0\t0\t1000.0\t1080.0\n"
+                                        "unit\t300.0\t1\t1080.0\t1380.0\n"
+                                        "execute\t400.0\t0\t1080.0\t1480.0\n")
+    assert timings.wall_seconds(timings.read_stages(tmp_path)) == 480.0
+    assert timings.main(["--dir", str(tmp_path), "--stages-only"]) == 0
+    out = capsys.readouterr().out
+    assert "total (wall)" in out and "8 min  0.0 s" in out  # 1480 - 1000, not 80 + 300 + 400
+    assert "from 1 min 20.0 s" in out and "(failed, exit status 1)" in out
 
 
 def test_the_report_splits_execution_from_rendering_and_lists_the_slowest(tmp_path, capsys):
