@@ -106,22 +106,73 @@ def test_accept_draft_first_token_matches_p_chi_square():
     assert stat > chi_square_critical(dof, 1e-3)
 
 
-def test_sampled_sequences_follow_the_target(models):
-    """Two sampled tokens at temperature 1: the joint law over 48 x 48 pairs equals the target's, by chi-square."""
-    target, draft = models
+@pytest.fixture(scope="module")
+def spread_models():
+    """A target whose next-token law is spread (entropy about 2.6 nats at the test's prompt) and, as its draft,
+    another random model: total variation about 0.65 from the target. The fixture ``models`` is too confident
+    (its law is one token) and its draft too near (TV 0.0002) for a wrong sampler to show."""
+    config = LlamaConfig(vocab=48, dim=32, n_layers=2, n_heads=4, n_kv_heads=2)
+    torch.manual_seed(0)
+    target = TinyLlama(config).eval()
+    torch.manual_seed(2)
+    draft = TinyLlama(config).eval()
+    with torch.no_grad():
+        target.out.weight.mul_(2)
+        draft.out.weight.mul_(2)
+    return target, draft
+
+
+def _emit_every_draft(p, q, draft_tokens, generator=None):
+    """Mutant: keeps every proposal (no acceptance test), then samples the bonus token from p."""
+    return [int(t) for t in draft_tokens] + [int(torch.multinomial(p[len(draft_tokens)], 1, generator=generator))]
+
+
+def _resample_from_p(p, q, draft_tokens, generator=None):
+    """Mutant: the right acceptance test, but a rejection resamples from p instead of norm(max(0, p - q))."""
+    out = []
+    for i, x in enumerate(int(t) for t in draft_tokens):
+        if float(torch.rand((), generator=generator, dtype=torch.float64)) * float(q[i, x]) < float(p[i, x]):
+            out.append(x)
+            continue
+        return out + [int(torch.multinomial(p[i], 1, generator=generator))]
+    return out + [int(torch.multinomial(p[len(draft_tokens)], 1, generator=generator))]
+
+
+def _two_token_statistic(target, draft, runs, seed=0):
+    """Chi-square of ``runs`` two-token samples (temperature 1, k = 3) against the target's joint law over 48 x 48 pairs."""
     prompt = torch.tensor([[7, 3]])
     with torch.no_grad():
         p1 = target(prompt)[0, -1].double().softmax(-1)
         pairs = torch.cat([prompt.repeat(48, 1), torch.arange(48)[:, None]], 1)
         p2 = target(pairs)[:, -1].double().softmax(-1)
     joint = (p1[:, None] * p2).flatten()
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(seed)
     counts = torch.zeros(48 * 48)
-    for _ in range(3000):
+    for _ in range(runs):
         out = speculative_generate(target, draft, prompt, 2, 3, temperature=1.0, generator=g).tokens[0, -2:]
         counts[48 * int(out[0]) + int(out[1])] += 1
     stat, dof = chi_square_statistic(counts, joint)
-    assert stat < chi_square_critical(dof, 1e-3)
+    return stat, chi_square_critical(dof, 1e-3)
+
+
+def test_sampled_sequences_follow_the_target(spread_models, monkeypatch):
+    """Two sampled tokens: their joint law equals the target's (chi-square at 1e-3). The test has power: the
+    same test rejects a sampler that keeps every proposal and one that resamples a rejection from p instead of
+    norm(max(0, p - q)); the draft is far from the target and the target's law spread, so that both show."""
+    target, draft = spread_models
+    with torch.no_grad():
+        prompt = torch.tensor([[7, 3]])
+        p1, q1 = (m(prompt)[0, -1].double().softmax(-1) for m in (target, draft))
+    beta = torch.minimum(p1, q1)
+    assert 0.5 * float((p1 - q1).abs().sum()) > 0.5, "the draft must be far: total variation above 0.5"
+    assert 0.5 * float((beta + (1 - beta.sum()) * p1 - p1).abs().sum()) > 0.15, \
+        "resampling from p must move the first token's law by a total variation above 0.15"
+    stat, critical = _two_token_statistic(target, draft, 1500)
+    assert stat < critical
+    for mutant in (_emit_every_draft, _resample_from_p):
+        monkeypatch.setattr("utils.serving.speculative.accept_draft", mutant)
+        stat, critical = _two_token_statistic(target, draft, 1000, seed=1)
+        assert stat > critical, f"{mutant.__name__}: the chi-square test did not reject it"
 
 
 def test_greedy_rule_is_one_hot_special_case():
