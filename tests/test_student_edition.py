@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import time
 from pathlib import Path
 
@@ -37,6 +38,10 @@ from utils.student_edition import GIVEN_TAG, SOLUTION_TAG, build, exercises, lab
 ROOT = Path(__file__).resolve().parent.parent
 LABS = labs(ROOT)
 TIMEOUT = 300  # seconds per cell
+# The kernels' environment, as `make` sets it (Makefile), so that running this file directly with pytest
+# gives the same run: one thread per kernel (two labs run at once on 2 workers), and utils.progress's
+# one-line progress instead of a live bar.
+KERNEL_ENV = {"OMP_NUM_THREADS": "1", "BOOK_BATCH_EXECUTION": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
 
 # lab stem -> (exercise label, text in its solution, the mistake put in its place, text the hint must contain)
 MISTAKES = {
@@ -117,7 +122,7 @@ def run_student_lab(path: Path) -> dict:
         finally:
             nb.cells.pop()
 
-    with client.setup_kernel():
+    with client.setup_kernel(env={**os.environ, **KERNEL_ENV}):
         for index, cell in enumerate(nb.cells[:n_cells]):
             if index in markers:
                 pending.append(markers[index])

@@ -1,0 +1,76 @@
+"""utils.forked_kernels: make test's kernels, forked from a warm process, behave as freshly started ones."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, DeadKernelError
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC_DIR = ROOT / ".ci" / "jupyter"
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="forked kernels need fork() (POSIX)")
+
+
+@pytest.fixture
+def forked(monkeypatch):
+    """Kernels started by name "python3" come from the fork server, as in make test."""
+    monkeypatch.setenv("JUPYTER_PATH", str(SPEC_DIR))
+    monkeypatch.setenv("BOOK_TEST_MARK", "seen by the kernel")
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    assert spec.metadata["kernel_provisioner"]["provisioner_name"] == "book-forked-kernel"
+
+
+def _run(cells: list[str], tmp_path: Path, timeout: int = 60) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    return nb
+
+
+def _text(nb: nbformat.NotebookNode) -> list[str]:
+    return [o.get("text", "") for cell in nb.cells for o in cell.outputs if o.output_type == "stream"]
+
+
+def test_a_forked_kernel_runs_where_and_with_what_it_was_asked(forked, tmp_path):
+    nb = _run(["import os, sys\nprint(os.getcwd()); print(os.environ['BOOK_TEST_MARK'])",
+               "import torch, matplotlib\nprint(sys.modules['torch'] is torch, matplotlib.get_backend())",
+               "import subprocess\nprint(subprocess.run(['echo', 'child'], capture_output=True, text=True).stdout)",
+               "print(os.getpid() != os.getppid() and os.getpgid(0) == os.getpid())"], tmp_path)
+    assert _text(nb) == [f"{tmp_path}\nseen by the kernel\n", "True module://matplotlib_inline.backend_inline\n",
+                         "child\n\n", "True\n"]
+
+
+def test_two_kernels_are_separate_processes_with_separate_state(forked, tmp_path):
+    first = _run(["import os\nx = 1\nprint(os.getpid())"], tmp_path)
+    second = _run(["import os\nprint(os.getpid(), 'x' in globals())"], tmp_path)
+    assert _text(first)[0].split()[0] != _text(second)[0].split()[0]
+    assert _text(second)[0].split()[1] == "False"
+
+
+def test_errors_a_dead_kernel_and_an_interrupt_surface_as_usual(forked, tmp_path):
+    with pytest.raises(CellExecutionError, match="ZeroDivisionError"):
+        _run(["1 / 0"], tmp_path)
+    with pytest.raises(DeadKernelError):
+        _run(["import os\nos._exit(3)", "print('never')"], tmp_path)
+    # a cell past its timeout: nbclient interrupts the kernel (SIGINT to its process group), then fails
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import time\ntime.sleep(60)")])
+    client = NotebookClient(nb, timeout=2, kernel_name="python3", interrupt_on_timeout=True,
+                            resources={"metadata": {"path": str(tmp_path)}})
+    with pytest.raises(CellExecutionError, match="KeyboardInterrupt"):
+        client.execute()
+
+
+def test_the_kernel_spec_is_ipykernels_own_plus_the_provisioner():
+    ours = json.loads((SPEC_DIR / "kernels" / "python3" / "kernel.json").read_text())
+    default = KernelSpecManager(kernel_dirs=[str(Path(sys.prefix) / "share" / "jupyter" / "kernels")]).get_kernel_spec("python3")
+    assert ours["argv"][1:] == default.argv[1:] and ours["language"] == default.language
+    metadata = dict(ours["metadata"])
+    assert metadata.pop("kernel_provisioner") == {"provisioner_name": "book-forked-kernel"}
+    assert metadata == default.metadata, "keep .ci/jupyter's kernel spec in step with ipykernel's"

@@ -1,0 +1,243 @@
+"""Jupyter kernels forked from a warm process, so that `make test` pays for ``import torch`` once, not per notebook.
+
+Every kernel that ``make test`` starts (65 notebooks, the 26 labs' student editions, a few tests)
+is a fresh Python process, and each spends about 1.5 s of CPU importing torch, NumPy and ipykernel
+before its first cell runs: about a sixth of all the notebooks' CPU on a 2-core machine. Here
+one *fork server* per client process imports them once, and each kernel is a ``fork()`` of it:
+
+- :class:`ForkProvisioner` is a jupyter_client *kernel provisioner* (the documented way to change
+  how a kernel process is started). Its ``launch_kernel`` asks the fork server for a kernel
+  instead of running the kernel spec's command; everything else (connection file, ports, signals,
+  restarts, shutdown) is jupyter_client's :class:`LocalProvisioner`. It is registered as the entry
+  point ``book-forked-kernel`` (``pyproject.toml``) and chosen by the kernel spec
+  ``.ci/jupyter/kernels/python3/kernel.json``, which ``make test`` puts first on ``JUPYTER_PATH``.
+  A reader's JupyterLab, ``make book`` and ``make nbval`` start kernels the usual way.
+- The server (``python -m utils.forked_kernels --serve SOCKET``) imports :data:`PRELOAD`, then
+  forks one child per request. The child makes itself a session leader (so that signals to the
+  kernel's process group work as usual), takes the requested working directory and environment,
+  restores default signal handling, and runs the kernel spec's module (``ipykernel_launcher``)
+  as ``python -m`` would. The server reaps its children and records each exit status in a file
+  that the provisioner polls; it ends, and ends its kernels, when its client closes its stdin.
+
+What a forked kernel shares with its siblings, unlike fresh processes: the modules in
+:data:`PRELOAD` (imported with the same environment as the kernels get), and the state they
+seeded at import: Python's string-hash seed and the global ``random``/NumPy generators, so
+unseeded draws repeat from kernel to kernel. The book seeds every draw whose result it prints.
+matplotlib is deliberately not preloaded: it reads its backend (ipykernel's inline one) at import.
+POSIX only (``fork``); elsewhere ``make test`` keeps the default kernel spec.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from jupyter_client.provisioning.local_provisioner import LocalProvisioner
+
+# Imported once by the server: the bulk of a kernel's start (torch alone is about 1 s of CPU).
+PRELOAD = ("numpy", "torch", "ipykernel.kernelapp")
+# How long the provisioner waits for the server to be ready (it imports PRELOAD first).
+SERVER_START_TIMEOUT = 120.0
+
+
+class ForkedKernel:
+    """The forked kernel as jupyter_client's provisioner sees a ``Popen``: ``pid``, ``poll``, ``wait``, signals."""
+
+    stdin = stdout = stderr = None
+
+    def __init__(self, pid: int, exit_file: Path) -> None:
+        self.pid = pid
+        self._exit_file = exit_file
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._exit_file.is_file():
+            text = self._exit_file.read_text().strip()
+            if text:  # written in one go by the server; empty only while being written
+                self.returncode = int(text)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"forked kernel {self.pid}", timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+class _ServerHandle:
+    """The client's side of one fork server: started on first use, one per client process and kernel environment."""
+
+    _servers: dict[tuple, _ServerHandle] = {}
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self._owner = os.getpid()
+        self.folder = Path(tempfile.mkdtemp(prefix="book-forked-kernels-"))
+        self.socket_path = self.folder / "server.sock"
+        self.process = subprocess.Popen([sys.executable, "-m", "utils.forked_kernels", "--serve", str(self.socket_path)],
+                                        stdin=subprocess.PIPE, env=env)
+        deadline = time.monotonic() + SERVER_START_TIMEOUT
+        while not (self.folder / "ready").is_file():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the kernel fork server exited with status {self.process.returncode} "
+                                   "before it was ready (its error is above)")
+            if time.monotonic() > deadline:
+                self.process.kill()
+                raise RuntimeError(f"the kernel fork server was not ready after {SERVER_START_TIMEOUT:.0f} s")
+            time.sleep(0.02)
+
+    @classmethod
+    def get(cls, env: dict[str, str]) -> _ServerHandle:
+        """The server for kernels with environment ``env``: the preloaded modules read it when imported."""
+        key = tuple(sorted((k, v) for k, v in env.items() if not k.startswith("JPY_")))
+        server = cls._servers.get(key)
+        if server is None or server.process.poll() is not None or server.pid_changed():
+            server = cls._servers[key] = cls({k: v for k, v in key})
+        return server
+
+    def pid_changed(self) -> bool:
+        """True in a process forked from the one that started this server: it starts its own."""
+        return self._owner != os.getpid()
+
+    def fork(self, argv: list[str], env: dict[str, str], cwd: str) -> ForkedKernel:
+        request = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode() + b"\n"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(str(self.socket_path))
+            connection.sendall(request)
+            reply = json.loads(connection.makefile("rb").readline())
+        if "error" in reply:
+            raise RuntimeError(f"the kernel fork server could not start a kernel: {reply['error']}")
+        pid = int(reply["pid"])
+        return ForkedKernel(pid, self.folder / f"{pid}.exit")
+
+
+class ForkProvisioner(LocalProvisioner):
+    """jupyter_client's local provisioner, except that the kernel process is forked from a warm server."""
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        if len(cmd) < 3 or cmd[1] != "-m":
+            raise ValueError(f"a forked kernel runs a module (python -m MODULE ...); the kernel spec gives {cmd}")
+        env = dict(kwargs.get("env") or os.environ)
+        cwd = str(kwargs.get("cwd") or os.getcwd())
+        self.process = _ServerHandle.get(env).fork(cmd, env, cwd)
+        self.pid = self.pgid = self.process.pid  # the child calls setsid(): its group is its pid
+        self.cwd = cwd
+        return self.connection_info
+
+
+def _run_kernel(request: dict) -> None:
+    """In the forked child: become the kernel process the request describes. Never returns."""
+    code = 1
+    try:
+        os.setsid()
+        for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+            signal.signal(signum, signal.SIG_DFL)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        # As jupyter_client's launcher does for its child: the kernel ends if its parent (here the server,
+        # which ends with the client) goes away. ipykernel read JPY_PARENT_PID when the server imported
+        # it, so the kernel is also told on its command line.
+        os.environ["JPY_PARENT_PID"] = str(os.getppid())
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        import runpy
+
+        argv = request["argv"]
+        sys.argv = [argv[2], *argv[3:], f"--IPKernelApp.parent_handle={os.getppid()}"]
+        runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    except BaseException:  # noqa: BLE001 (the child must exit whatever happened; the trace goes to stderr)
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def serve(socket_path: Path) -> None:
+    """The fork server: import :data:`PRELOAD`, then fork a kernel per request until stdin closes."""
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    folder = socket_path.parent
+    children: set[int] = set()
+
+    def reap(*_: object) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            children.discard(pid)
+            code = os.waitstatus_to_exitcode(status)
+            partial = folder / f"{pid}.exit.part"
+            partial.write_text(str(code))
+            partial.rename(folder / f"{pid}.exit")
+
+    signal.signal(signal.SIGCHLD, reap)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the client, which ends the kernels
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(socket_path))
+    listener.listen(16)
+    (folder / "ready").write_text(str(os.getpid()))
+    try:
+        while True:
+            readable, _, _ = select.select([listener, sys.stdin], [], [])
+            if sys.stdin in readable and not os.read(sys.stdin.fileno(), 1024):
+                return  # the client is gone
+            if listener not in readable:
+                continue
+            connection, _ = listener.accept()
+            with connection:
+                try:
+                    request = json.loads(connection.makefile("rb").readline())
+                    pid = os.fork()
+                except Exception as error:  # noqa: BLE001 (reported to the client, which raises)
+                    connection.sendall(json.dumps({"error": repr(error)}).encode() + b"\n")
+                    continue
+                if pid == 0:
+                    listener.close()
+                    connection.close()
+                    _run_kernel(request)
+                children.add(pid)
+                connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+    finally:
+        for pid in list(children):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "--serve":
+        raise SystemExit("usage: python -m utils.forked_kernels --serve SOCKET_PATH")
+    serve(Path(sys.argv[2]))
