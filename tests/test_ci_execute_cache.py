@@ -156,8 +156,10 @@ def test_executes_into_the_cache_the_build_reads_and_fails_on_errors_and_timeout
 
 
 def test_a_dead_worker_fails_the_run(tmp_path):
-    # The kernel kills the worker process that runs its client, then itself.
-    _notebook(tmp_path / "kill.ipynb", ["import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos._exit(1)"])
+    # The kernel kills the worker process that runs its client (JPY_PARENT_PID: also when make test forks
+    # its kernels from a server, utils.forked_kernels), then itself.
+    _notebook(tmp_path / "kill.ipynb",
+              ["import os, signal\nos.kill(int(os.environ['JPY_PARENT_PID']), signal.SIGKILL)\nos._exit(1)"])
     done = _run(["--config", str(_book_config(tmp_path)), "--build-dir", str(tmp_path / "_build"),
                  "--jobs", "1", "kill.ipynb"], cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr

@@ -74,3 +74,9 @@ def test_the_kernel_spec_is_ipykernels_own_plus_the_provisioner():
     metadata = dict(ours["metadata"])
     assert metadata.pop("kernel_provisioner") == {"provisioner_name": "book-forked-kernel"}
     assert metadata == default.metadata, "keep .ci/jupyter's kernel spec in step with ipykernel's"
+
+
+def test_a_kernel_whose_server_dies_is_reported_dead_not_waited_for(forked, tmp_path):
+    with pytest.raises(DeadKernelError):
+        _run(["import os, signal, time\nos.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(120)"], tmp_path, timeout=60)
+    assert _text(_run(["print('a new server')"], tmp_path)) == ["a new server\n"]

@@ -61,10 +61,18 @@ class ForkedKernel:
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
-        if self.returncode is None and self._exit_file.is_file():
-            text = self._exit_file.read_text().strip()
-            if text:  # written in one go by the server; empty only while being written
-                self.returncode = int(text)
+        """The exit status the server recorded; -9 if the kernel is gone unrecorded (its server was killed)."""
+        if self.returncode is None:
+            if self._exit_file.is_file():
+                self.returncode = int(self._exit_file.read_text())  # renamed into place whole
+            else:
+                try:
+                    os.kill(self.pid, 0)
+                except ProcessLookupError:
+                    if not self._exit_file.is_file():  # not reaped by the server in the meantime
+                        self.returncode = -signal.SIGKILL
+                        return self.returncode
+                    self.returncode = int(self._exit_file.read_text())
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -121,7 +129,7 @@ class _ServerHandle:
         return self._owner != os.getpid()
 
     def fork(self, argv: list[str], env: dict[str, str], cwd: str) -> ForkedKernel:
-        request = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode() + b"\n"
+        request = json.dumps({"argv": argv, "env": env, "cwd": cwd, "client_pid": os.getpid()}).encode() + b"\n"
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
             connection.connect(str(self.socket_path))
             connection.sendall(request)
@@ -156,10 +164,10 @@ def _run_kernel(request: dict) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        # As jupyter_client's launcher does for its child: the kernel ends if its parent (here the server,
-        # which ends with the client) goes away. ipykernel read JPY_PARENT_PID when the server imported
-        # it, so the kernel is also told on its command line.
-        os.environ["JPY_PARENT_PID"] = str(os.getppid())
+        # JPY_PARENT_PID names the client, as jupyter_client's launcher sets it. The kernel watches its
+        # real parent, the server (which ends with the client): ipykernel read JPY_PARENT_PID when the
+        # server imported it, so that is said on the kernel's command line.
+        os.environ["JPY_PARENT_PID"] = str(request["client_pid"])
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
