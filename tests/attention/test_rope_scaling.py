@@ -60,14 +60,19 @@ def test_yarn_as_deepseek_v2_sets_it():
     """DeepSeek-V2 (arXiv:2405.04434, section 3.1.4): YaRN on the 64-dim decoupled RoPE key, s = 40, alpha = 1,
     beta = 32, from a 4K context."""
     theta = rope_frequencies(64, 10000.0)
-    scaled, attention_factor = yarn_frequencies(64, 10000.0, 40.0, 4096)
+    scaled, attention_factor = yarn_frequencies(64, 10000.0, 40.0, 4096, mscale=0.707)
     turns = 4096 * theta / (2 * math.pi)
     fast, slow = turns > 32, turns < 1                     # the paper: keep pairs turning > beta times, divide < alpha
     assert fast.sum() == 11 and slow.sum() == 9
     assert torch.equal(scaled[fast], theta[fast])
     torch.testing.assert_close(scaled[slow], theta[slow] / 40)
     assert (scaled.diff() < 0).all() and (scaled <= theta).all() and (scaled >= theta / 40 * (1 - 1e-12)).all()
-    assert attention_factor == pytest.approx(0.1 * math.log(40) + 1) == pytest.approx(1.3689, abs=1e-4)
+    # its config.json's mscale 0.707: sqrt(1/t) = 0.0707 ln 40 + 1, a softmax scale of its square in its code
+    assert attention_factor == pytest.approx(1.2608, abs=1e-4) and attention_factor ** 2 == pytest.approx(1.5897, abs=1e-4)
+    # YaRN's paper (mscale 1): 0.1 ln s + 1
+    assert yarn_frequencies(64, 10000.0, 40.0, 4096)[1] == pytest.approx(1.3689, abs=1e-4)
+    with pytest.raises(ValueError, match="mscale must be positive"):
+        yarn_frequencies(64, 10000.0, 40.0, 4096, mscale=0.0)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -17,7 +17,10 @@ method replaces the frequencies ``theta_i = base^(-2i/d)`` of
   temperature; HF ``"yarn"``; DeepSeek-V2 uses it with ``s = 40`` from 4K): pairs that
   turn more than ``beta_fast = 32`` times in ``L`` tokens keep ``theta_i``, pairs that turn
   less than ``beta_slow = 1`` time get ``theta_i / s``, and a linear ramp over pair
-  indices blends between; cos and sin are scaled by ``0.1 ln s + 1``.
+  indices blends between; a temperature ``sqrt(1/t) = 0.1 ln s + 1`` scales cos and sin (so the
+  attention logits by its square). DeepSeek-V2 sets ``mscale`` 0.707 in its ``config.json``:
+  ``sqrt(1/t) = 0.0707 ln s + 1`` (about 1.261 at ``s = 40``), applied by its code as a softmax
+  scale of its square (about 1.59), cos and sin left alone.
 - **Llama 3.1** (HF ``"llama3"``; Meta's ``apply_scaling`` in llama-models): the same
   idea by wavelength ``lambda_i = 2 pi / theta_i``: unchanged below
   ``L / high_freq_factor``, ``theta_i / s`` above ``L / low_freq_factor``, and between,
@@ -69,8 +72,13 @@ def yarn_correction_dim(n_rotations: float, head_dim: int, base: float, original
 
 
 def yarn_frequencies(head_dim: int, base: float, factor: float, original_context: int,
-                     beta_fast: float = 32.0, beta_slow: float = 1.0) -> tuple[torch.Tensor, float]:
-    """YaRN's frequencies and its attention factor ``0.1 ln(factor) + 1`` (Peng et al. 2023, eqs. 18-22).
+                     beta_fast: float = 32.0, beta_slow: float = 1.0, mscale: float = 1.0) -> tuple[torch.Tensor, float]:
+    """YaRN's frequencies and its attention factor ``sqrt(1/t) = 0.1 mscale ln(factor) + 1`` (Peng et al. 2023, eqs. 18-22).
+
+    ``mscale = 1`` is the paper's ``0.1 ln s + 1``, which multiplies cos and sin (the logits by its square).
+    DeepSeek-V2's ``config.json`` sets ``mscale = mscale_all_dim = 0.707``: ``0.0707 ln s + 1``, which its code
+    (``yarn_get_mscale``) applies as a softmax scale of ``factor**2``, leaving cos and sin alone (they are scaled
+    by the ratio of the two ``yarn_get_mscale`` values, 1).
 
     As served (HF ``_compute_yarn_parameters``, DeepSeek's ``yarn_find_correction_range``): the ramp runs over pair
     indices from ``floor(correction_dim(beta_fast))`` to ``ceil(correction_dim(beta_slow))``, clipped to
@@ -82,12 +90,14 @@ def yarn_frequencies(head_dim: int, base: float, factor: float, original_context
     check_positive_int("original_context", original_context)
     if not beta_fast > beta_slow > 0:
         raise ValueError(f"need beta_fast > beta_slow > 0, got {beta_fast} and {beta_slow}")
+    if not mscale > 0:
+        raise ValueError(f"mscale must be positive (1 for YaRN's paper, 0.707 for DeepSeek-V2), got {mscale}")
     low = max(math.floor(yarn_correction_dim(beta_fast, head_dim, base, original_context)), 0)
     high = min(math.ceil(yarn_correction_dim(beta_slow, head_dim, base, original_context)), head_dim - 1)
     if low == high:
         high += 0.001                                      # HF: "prevent singularity"
     gamma = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
-    return theta / factor * gamma + theta * (1 - gamma), 0.1 * math.log(factor) + 1.0
+    return theta / factor * gamma + theta * (1 - gamma), 0.1 * mscale * math.log(factor) + 1.0
 
 
 def llama3_frequencies(head_dim: int, base: float = 500000.0, factor: float = 8.0, low_freq_factor: float = 1.0,
