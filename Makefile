@@ -124,8 +124,10 @@ endif
 #     with the stored outputs by nbval's rules (.ci/check_outputs.py), and the link check and the
 #     browser suite test the executed book;
 #   - the unit tests (their output is printed in one piece when they end).
-# Their kernels are forked from a process that has imported torch once (JUPYTER_PATH puts the kernel
-# spec .ci/jupyter/kernels/python3 first: utils/forked_kernels.py), not started afresh each time.
+# On Linux their kernels are forked from a process that has imported torch once (JUPYTER_PATH puts the
+# kernel spec .ci/jupyter/kernels/python3 first: utils/forked_kernels.py), not started afresh each time;
+# elsewhere (macOS: forking after the Accelerate framework is loaded is unsafe) they start as usual.
+FORKED_KERNELS := $(if $(filter Linux,$(shell uname -s)),JUPYTER_PATH=$(CURDIR)/.ci/jupyter)
 # Each stage's wall time, start and end go to $(TIMINGS); the breakdown is printed at the end (`make
 # slowest` adds the slowest notebooks, cells and tests). A failing stage fails make test after the
 # others have ended. The setup stage installs Chromium (for `make browser`) beside the venv when it is
@@ -135,7 +137,7 @@ test:
 	rm -rf $(TIMINGS)
 	+$(STAGE) setup $(MAKE) --no-print-directory -j 2 $(MATHJAX)/tex-mml-chtml.js $(CHROMIUM)
 	rm -rf _build
-	JUPYTER_PATH=$(CURDIR)/.ci/jupyter $(MAKE) --no-print-directory -j 2 test-notebooks test-unit
+	$(FORKED_KERNELS) $(MAKE) --no-print-directory -j 2 test-notebooks test-unit
 	@$(PYTHON) .ci/timings.py --dir $(TIMINGS) --stages-only
 
 .PHONY: test-notebooks test-unit

@@ -15,7 +15,7 @@ from nbclient.exceptions import CellExecutionError, DeadKernelError
 ROOT = Path(__file__).resolve().parent.parent
 SPEC_DIR = ROOT / ".ci" / "jupyter"
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="forked kernels need fork() (POSIX)")
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="make test forks kernels on Linux only (utils.forked_kernels)")
 
 
 @pytest.fixture

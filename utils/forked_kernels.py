@@ -24,7 +24,8 @@ What a forked kernel shares with its siblings, unlike fresh processes: the modul
 seeded at import: Python's string-hash seed and the global ``random``/NumPy generators, so
 unseeded draws repeat from kernel to kernel. The book seeds every draw whose result it prints.
 matplotlib is deliberately not preloaded: it reads its backend (ipykernel's inline one) at import.
-POSIX only (``fork``); elsewhere ``make test`` keeps the default kernel spec.
+Linux only: ``make test`` uses it there; on macOS (where forking after the Accelerate framework is
+loaded is unsafe) and Windows it keeps the default kernel spec.
 """
 
 from __future__ import annotations
