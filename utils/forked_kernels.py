@@ -64,16 +64,15 @@ class ForkedKernel:
     def poll(self) -> int | None:
         """The exit status the server recorded; -9 if the kernel is gone unrecorded (its server was killed)."""
         if self.returncode is None:
-            if self._exit_file.is_file():
+            try:
+                os.kill(self.pid, 0)
+                alive = True  # or a zombie the server has not reaped yet
+            except ProcessLookupError:
+                alive = False
+            if self._exit_file.is_file():  # looked at after the pid: a reap in between is seen
                 self.returncode = int(self._exit_file.read_text())  # renamed into place whole
-            else:
-                try:
-                    os.kill(self.pid, 0)
-                except ProcessLookupError:
-                    if not self._exit_file.is_file():  # not reaped by the server in the meantime
-                        self.returncode = -signal.SIGKILL
-                        return self.returncode
-                    self.returncode = int(self._exit_file.read_text())
+            elif not alive:
+                self.returncode = -signal.SIGKILL
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -122,7 +121,7 @@ class _ServerHandle:
         key = tuple(sorted((k, v) for k, v in env.items() if not k.startswith("JPY_")))
         server = cls._servers.get(key)
         if server is None or server.process.poll() is not None or server.pid_changed():
-            server = cls._servers[key] = cls({k: v for k, v in key})
+            server = cls._servers[key] = cls(dict(key))
         return server
 
     def pid_changed(self) -> bool:
