@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, DeadKernelError
+
+from utils.forked_kernels import _ServerHandle
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC_DIR = ROOT / ".ci" / "jupyter"
@@ -79,4 +82,14 @@ def test_the_kernel_spec_is_ipykernels_own_plus_the_provisioner():
 def test_a_kernel_whose_server_dies_is_reported_dead_not_waited_for(forked, tmp_path):
     with pytest.raises(DeadKernelError):
         _run(["import os, signal, time\nos.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(120)"], tmp_path, timeout=60)
+    dead = {server.folder for server in _ServerHandle._servers.values()}
     assert _text(_run(["print('a new server')"], tmp_path)) == ["a new server\n"]
+    assert not any(folder.exists() for folder in dead - {s.folder for s in _ServerHandle._servers.values()})
+
+
+def test_a_server_whose_client_is_gone_ends_and_removes_its_folder():
+    server = _ServerHandle(dict(os.environ))
+    assert (server.folder / "server.sock").exists()
+    server.process.stdin.close()  # what the client's exit does
+    assert server.process.wait(timeout=30) == 0
+    assert not server.folder.exists()

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -121,6 +122,8 @@ class _ServerHandle:
         key = tuple(sorted((k, v) for k, v in env.items() if not k.startswith("JPY_")))
         server = cls._servers.get(key)
         if server is None or server.process.poll() is not None or server.pid_changed():
+            if server is not None and not server.pid_changed():
+                shutil.rmtree(server.folder, ignore_errors=True)  # a server killed outright left it
             server = cls._servers[key] = cls(dict(key))
         return server
 
@@ -188,7 +191,10 @@ def _run_kernel(request: dict) -> None:
 
 
 def serve(socket_path: Path) -> None:
-    """The fork server: import :data:`PRELOAD`, then fork a kernel per request until stdin closes."""
+    """The fork server: import :data:`PRELOAD`, then fork a kernel per request until stdin closes.
+
+    When it ends it kills the kernels still running and removes its folder (socket, exit files).
+    """
     import importlib
 
     for name in PRELOAD:
@@ -238,11 +244,14 @@ def serve(socket_path: Path) -> None:
                 children.add(pid)
                 connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     finally:
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # no more exit files: the folder goes next
         for pid in list(children):
             try:
                 os.killpg(pid, signal.SIGKILL)
             except OSError:
                 pass
+        listener.close()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
