@@ -44,10 +44,22 @@ def _text(nb: nbformat.NotebookNode) -> list[str]:
 def test_a_forked_kernel_runs_where_and_with_what_it_was_asked(forked, tmp_path):
     nb = _run(["import os, sys\nprint(os.getcwd()); print(os.environ['BOOK_TEST_MARK'])",
                "import torch, matplotlib\nprint(sys.modules['torch'] is torch, matplotlib.get_backend())",
+               "import matplotlib.pyplot as plt\nplt.plot([1, 2])",  # drawn by the inline backend: an image
                "import subprocess\nprint(subprocess.run(['echo', 'child'], capture_output=True, text=True).stdout)",
                "print(os.getpid() != os.getppid() and os.getpgid(0) == os.getpid())"], tmp_path)
     assert _text(nb) == [f"{tmp_path}\nseen by the kernel\n", "True module://matplotlib_inline.backend_inline\n",
                          "child\n\n", "True\n"]
+    assert [o.output_type for o in nb.cells[2].outputs] == ["execute_result", "display_data"]
+    assert "image/png" in nb.cells[2].outputs[1].data
+
+
+def test_a_kernel_environment_chooses_matplotlibs_backend_and_triton_mode(forked, monkeypatch, tmp_path):
+    monkeypatch.setenv("MPLBACKEND", "agg")  # another environment: another server, which imports with it
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the server imports triton without it
+    nb = _run(["import matplotlib, os\nprint(matplotlib.get_backend())",
+               "os.environ['TRITON_INTERPRET'] = '1'\nimport triton, triton.language as tl\n"
+               "@triton.jit\ndef k(x):\n    pass\nprint(type(k).__name__, triton.knobs.runtime.interpret)"], tmp_path)
+    assert _text(nb) == ["agg\n", "InterpretedFunction True\n"]  # set after the fork, obeyed
 
 
 def test_two_kernels_are_separate_processes_with_separate_state(forked, tmp_path):

@@ -75,3 +75,28 @@ def test_broken_widgets_are_reported(browser: object) -> None:
     assert any(p.startswith("widget 4: no control") for p in problems), problems
     assert len(problems) == 4, problems
     page.close()
+
+
+def test_the_page_log_catches_other_hosts_and_failed_requests(open_page: object, tmp_path) -> None:
+    """open_page's log on a local page that asks another host and a missing local file."""
+    import functools
+    import http.server
+    import threading
+
+    from tests.book.browser.conftest import _QuietHandler
+
+    (tmp_path / "page.html").write_text(
+        '<html><body><img src="https://cdn.example.org/logo.png"><img src="missing.png">'
+        "<script>console.error('broken')</script></body></html>"
+    )
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        page, log = open_page(f"http://127.0.0.1:{server.server_address[1]}/page.html")
+        problems = log.problems()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert any(p.startswith("request to another host (aborted): https://cdn.example.org/logo.png") for p in problems)
+    assert any("missing.png (HTTP 404)" in p for p in problems), problems
+    assert "console error: broken" in problems, problems
