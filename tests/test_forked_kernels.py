@@ -62,6 +62,18 @@ def test_a_kernel_environment_chooses_matplotlibs_backend_and_triton_mode(forked
     assert _text(nb) == ["agg\n", "InterpretedFunction True\n"]  # set after the fork, obeyed
 
 
+def test_kernels_talk_over_unix_sockets_that_are_removed_afterwards(forked, tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('over ipc')")])
+    client = NotebookClient(nb, timeout=60, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    with client.setup_kernel():
+        info, connection_file = client.km.get_connection_info(), client.km.connection_file
+        assert info["transport"] == "ipc" and Path(f"{info['ip']}-{info['shell_port']}").is_socket()
+        client.execute_cell(nb.cells[0], 0)
+    assert _text(nb) == ["over ipc\n"]
+    assert not list(Path(info["ip"]).parent.glob(Path(info["ip"]).name + "-*"))
+    assert not Path(connection_file).exists()
+
+
 def test_two_kernels_are_separate_processes_with_separate_state(forked, tmp_path):
     first = _run(["import os\nx = 1\nprint(os.getpid())"], tmp_path)
     second = _run(["import os\nprint(os.getpid(), 'x' in globals())"], tmp_path)
