@@ -9,8 +9,8 @@ The engine (lab 1; chapters 2 and 3):
   admission by free blocks, preemption by recompute; static batching to compare;
 - :mod:`utils.serving.block_pool`: reference-counted KV blocks, prefix caching,
   LRU eviction of free cached blocks;
-- :mod:`utils.serving.prefix_hash`: chained hashes of full blocks (vLLM's
-  automatic prefix caching);
+- :mod:`utils.serving.prefix_hash`: chained SHA-256 hashes of full blocks, with a
+  per-tenant salt (vLLM's automatic prefix caching);
 - :mod:`utils.serving.paged_forward`: the tiny LLaMA's forward over a ragged batch
   of prefill chunks and decodes through block tables, with a plain, int8 or FP8
   KV cache;

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from utils.serving.prefix_hash import BlockHash
 from utils.validate import check_positive_int
 
 __all__ = ["BlockPool"]
@@ -37,8 +38,8 @@ class BlockPool:
         self.prefix_caching = bool(prefix_caching)
         self._refcount = [0] * num_blocks
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
-        self._hash_of: dict[int, int] = {}
-        self._block_of: dict[int, int] = {}
+        self._hash_of: dict[int, BlockHash] = {}
+        self._block_of: dict[BlockHash, int] = {}
         self.evictions = 0
         """Cached blocks whose contents were dropped to make room."""
 
@@ -78,7 +79,7 @@ class BlockPool:
             if self._refcount[block] == 0:
                 self._free[block] = None
 
-    def lookup(self, hashes: Sequence[int]) -> list[int]:
+    def lookup(self, hashes: Sequence[BlockHash]) -> list[int]:
         """The cached blocks of the longest prefix of ``hashes`` found, each now held once more (a hit).
 
         Nothing is found without prefix caching. A hit on a free block takes it off the free queue.
@@ -97,7 +98,7 @@ class BlockPool:
             self._refcount[block] += 1
         return found
 
-    def register(self, block: int, block_hash: int) -> None:
+    def register(self, block: int, block_hash: BlockHash) -> None:
         """Record that held ``block`` is full and holds the prefix named ``block_hash``.
 
         If another block already holds that prefix (two requests computed it at once), the first stays
@@ -112,6 +113,6 @@ class BlockPool:
         self._hash_of[block] = block_hash
         self._block_of[block_hash] = block
 
-    def cached_hashes(self) -> set[int]:
+    def cached_hashes(self) -> set[BlockHash]:
         """The prefix hashes a lookup can hit now."""
         return set(self._block_of)

@@ -31,7 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from utils.serving.block_pool import BlockPool
-from utils.serving.prefix_hash import ROOT_HASH, block_hashes
+from utils.serving.prefix_hash import ROOT_HASH, BlockHash, block_hashes
 
 __all__ = ["POLICIES", "Request", "ScheduledChunk", "Scheduler"]
 
@@ -52,7 +52,7 @@ class Request:
     output: list[int] = field(default_factory=list)
     num_computed: int = 0
     blocks: list[int] = field(default_factory=list)
-    hashes: list[int] = field(default_factory=list)
+    hashes: list[BlockHash] = field(default_factory=list)
     """Chained hashes of the full blocks computed so far (prefix caching)."""
     cached_tokens: int = 0
     """Tokens whose K/V came from the prefix cache instead of being computed, over all admissions."""
