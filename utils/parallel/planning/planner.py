@@ -49,7 +49,8 @@ Every assumption, stated once:
    :data:`NIC_LATENCY_S` (assumed, as in the networking chapter).
    TP: 4 all-reduces of ``s b h`` 16-bit values per layer per micro-batch
    (6 with full recomputation, whose extra forward repeats two), never
-   overlapped; a TP group of whole NVLink domains all-reduces hierarchically
+   overlapped, with or without sequence parallelism (whose re-gather in
+   backward is left out: :data:`BLIND_SPOTS`); a TP group of whole NVLink domains all-reduces hierarchically
    (NVLink inside, NICs between: :func:`utils.parallel.comm.network.hierarchical_allreduce_time`,
    as the tensor-parallelism chapter prices it). PP: an ``s b h / t`` send forward and one backward per
    micro-batch per chunk (Megatron's scatter/gather, section 4.1), never
@@ -110,6 +111,9 @@ BLIND_SPOTS: tuple[tuple[str, str], ...] = (
      "(more in flight) is not modelled"),
     ("no allocator or runtime", "CUDA context, NCCL buffers, fragmentation: a few GB per GPU"),
     ("no overlap of TP or PP communication", "and DP overlap is a single input fraction"),
+    ("sequence parallelism priced as TP's all-reduces", "Megatron keeps each GPU's s/t shard of a "
+     "column-parallel layer's input and all-gathers it again in backward for the weight gradient: two more "
+     "all-gathers of s b h per layer, 25 % more TP bytes (overlapped there with the input-gradient GEMM)"),
     ("one NIC per GPU, no congestion", "alpha-beta rings at the stated bandwidth; no topology or contention"),
     ("no stragglers, failures or checkpoints", "a step is its ideal time"),
 )
