@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -153,9 +154,64 @@ def test_lab_solution_cells_are_tagged_for_the_student_edition(path):
         assert e.attempt is not None, f"{path.name}: exercise {e.label} has no attempt cell before its solution"
 
 
-# A reader's prediction (my_x = ..., MY_PREDICTION = {...}) assigned a number instead of None.
-PREFILLED_PREDICTION = re.compile(r"^((?:my|MY)_\w+(?:\s*,\s*\w+)*)\s*=\s*(.*)$", re.M)  # also my_a, my_b = ...
-NUMBER = re.compile(r"(?<![\w.])-?\d[\d_]*(\.\d+)?(e-?\d+)?(?![\w.])")
+# A reader's prediction (my_x = ..., MY_PREDICTION = {...}, my_a, my_b = ..., my_p["k"] = ...) starts as None.
+PREDICTION_NAME = re.compile(r"^(my|MY)_")
+
+
+def _assigned_names(target: ast.expr) -> list[str]:
+    """The variables an assignment target writes to: ``my_p`` for ``my_p``, ``my_p["k"]`` and ``my_p.k``."""
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [name for element in target.elts for name in _assigned_names(element)]
+    if isinstance(target, ast.Starred):
+        return _assigned_names(target.value)
+    if isinstance(target, (ast.Subscript, ast.Attribute)):
+        return _assigned_names(target.value)
+    return []
+
+
+def _numbers_in(value: ast.expr) -> list[str]:
+    """Numeric literals in an assigned value, anywhere in it (dict keys aside), however many lines it spans."""
+    found = []
+    for node in ast.walk(value):
+        if isinstance(node, ast.Dict):
+            for key in node.keys:  # a key names a prediction; only the values are guesses
+                if isinstance(key, ast.Constant):
+                    key.value = None
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float, complex):
+            found.append(repr(node.value))
+    return found
+
+
+def prefilled_predictions(source: str) -> list[str]:
+    """``name = value`` for every assignment of a number to a ``my_``/``MY_`` variable in a code cell's source."""
+    code = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+    problems = []
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and node.value is not None:
+            targets = [node.target]
+        else:
+            continue
+        names = [n for target in targets for n in _assigned_names(target) if PREDICTION_NAME.match(n)]
+        numbers = _numbers_in(node.value) if names else []
+        if numbers:
+            problems.append(f"{names[0]} = ... {', '.join(numbers)} ...")
+    return problems
+
+
+def test_prefilled_predictions_are_found_in_every_form():
+    assert prefilled_predictions("my_guess = 3") == ["my_guess = ... 3 ..."]
+    assert prefilled_predictions("my_prediction = {\n    'a': None,\n    'b': 1e-8,  # a guess\n}")
+    assert prefilled_predictions("my_a, my_b = None, -2")
+    assert prefilled_predictions("my_p = dict(x=None)\nmy_p['x'] = 0.5")
+    assert prefilled_predictions("MY_PREDICTION: float = 4.0")
+    assert prefilled_predictions("my_list = [None,\n           2]")
+    assert not prefilled_predictions("my_prediction = {'GPUs at 8': None, 'x': None}  # 8 in a comment")
+    assert not prefilled_predictions("my_prediction = {8: None, 'text 3': None}")  # keys are names
+    assert not prefilled_predictions("x = 3\nmy_answer = None\n%timeit f(3)")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
@@ -165,9 +221,8 @@ def test_predictions_start_as_none(path):
     for index, cell in enumerate(nb["cells"]):
         if cell["cell_type"] != "code":
             continue
-        for name, value in PREFILLED_PREDICTION.findall("".join(cell["source"])):
-            code = re.sub(r"'[^']*'|\"[^\"]*\"", "\"\"", value.split("#")[0])  # strings may hold digits
-            assert not NUMBER.search(code), f"{path.name} cell {index}: {name} = {code.strip()}; start it as None"
+        problems = prefilled_predictions("".join(cell["source"]))
+        assert not problems, f"{path.name} cell {index}: {problems}; start every prediction as None"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))

@@ -224,8 +224,13 @@ def tensor_parallel_allreduce_bytes_per_layer(seq_len: int, micro_batch: int, hi
     (the ``f`` operator), four all-reduces of this size per layer per
     micro-batch. Sequence parallelism (Korthikanti et al. 2022, section 4.2.2)
     replaces each by a reduce-scatter plus an all-gather of the same total
-    volume. A ring all-reduce over ``t`` GPUs sends ``2 (t - 1) / t`` times
-    this many bytes from each GPU.
+    volume, but it is not free: Megatron-LM stores only each GPU's ``s/t``
+    shard of a column-parallel layer's input and all-gathers it again in
+    backward for the weight gradient (``megatron/core/tensor_parallel/layers.py``,
+    ``LinearWithGradAccumulationAndAsyncCommunication.backward``), two more
+    all-gathers of this size per layer, 25 % more bytes in all (overlapped
+    there with the input-gradient GEMM). A ring all-reduce over ``t`` GPUs
+    sends ``2 (t - 1) / t`` times this many bytes from each GPU.
     """
     s = check_positive_int("seq_len", seq_len)
     b = check_positive_int("micro_batch", micro_batch)

@@ -112,6 +112,10 @@ def test_memory_budget_matches_the_zero_paper():
     assert mixed["fp32 master weights"] + mixed["Adam momentum (fp32)"] + mixed["Adam variance (fp32)"] \
         == memory.ADAM_MIXED_PRECISION_OPTIMIZER_BYTES
     assert sum(model_state_bytes_per_param("fp32").values()) == 16
+    megatron = model_state_bytes_per_param("mixed-fp32-grads")  # Megatron-LM's README: 18 for bf16 + fp32 grads
+    assert sum(megatron.values()) == 18 and megatron["fp32 gradients"] == 4
+    assert {k: v for k, v in megatron.items() if k != "fp32 gradients"} == \
+        {k: v for k, v in mixed.items() if k != "16-bit gradients"}
     psi = 7.5e9  # and the ZeRO calculator agrees (stage 0, one GPU)
     assert sum(mixed.values()) * psi == memory.zero_model_state_bytes(psi, 1, 0)
 

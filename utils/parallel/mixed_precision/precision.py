@@ -192,7 +192,7 @@ def decode_bits(sign: int, exponent: str, mantissa: str, fmt: str) -> float:
     return s * (1 + frac / 2 ** f.mantissa_bits) * 2.0 ** (big_e - f.bias)
 
 
-RECIPES = ("fp32", "mixed")
+RECIPES = ("fp32", "mixed", "mixed-fp32-grads")
 
 
 def model_state_bytes_per_param(recipe: str = "mixed") -> dict[str, int]:
@@ -202,6 +202,12 @@ def model_state_bytes_per_param(recipe: str = "mixed") -> dict[str, int]:
       fp32 optimizer state (master weight, momentum, variance), 16 in all
       (Rajbhandari et al., ZeRO, arXiv:1910.02054, section 3.1; the constants
       of :mod:`utils.parallel.memory`).
+    - ``"mixed-fp32-grads"``: the same with the gradients accumulated and
+      reduced in fp32 (4 bytes), 18 in all: Megatron-LM's bf16 recipe, which
+      turns on ``accumulate_allreduce_grads_in_fp32`` for bf16 because "bfloat16
+      requires gradient accumulation and all-reduce to be done in fp32"
+      (``megatron/training/arguments.py``); its README's distributed-optimizer
+      table counts 18 bytes for "bf16 param, fp32 grads".
     - ``"fp32"``: fp32 weights and gradients (4 + 4) and fp32 momentum and
       variance (8): also 16. Mixed precision saves time and activation
       memory, not model-state memory.
@@ -214,6 +220,7 @@ def model_state_bytes_per_param(recipe: str = "mixed") -> dict[str, int]:
                 "Adam variance (fp32)": fp32}
     master = fp32
     moments = ADAM_MIXED_PRECISION_OPTIMIZER_BYTES - master
-    return {"16-bit weights": FP16_PARAM_BYTES, "16-bit gradients": FP16_GRAD_BYTES,
+    gradients = {"16-bit gradients": FP16_GRAD_BYTES} if recipe == "mixed" else {"fp32 gradients": fp32}
+    return {"16-bit weights": FP16_PARAM_BYTES, **gradients,
             "fp32 master weights": master, "Adam momentum (fp32)": moments // 2,
             "Adam variance (fp32)": moments - moments // 2}
