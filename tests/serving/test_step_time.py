@@ -154,3 +154,18 @@ def test_littles_law():
 def test_bad_input_raises_value_error(bad):
     with pytest.raises(ValueError):
         bad()
+
+
+def test_colocated_request_rate_counts_the_prefill():
+    # B = 362 at t = 20 ms, 256-token answers, 1024-token prompts prefilled in 15.8 ms (chapter 1's numbers)
+    r = st.colocated_request_rate(362, 0.020, 0.0158, 256)
+    assert r == pytest.approx(362 / (0.020 * 255 + 362 * 0.0158))
+    assert r * 0.0158 < 1  # the prefill fits in the GPU's second, unlike B / W's 71 requests/s
+    decode_only = 362 / (0.020 * 255)
+    assert st.colocated_request_rate(362, 0.020, 0.0, 256) == pytest.approx(decode_only)  # no prefill: B / W
+    # steady state by hand: r prefills and (1 - rP)/t steps of B tokens carry r (O - 1) decode tokens
+    assert r * 255 == pytest.approx(362 * (1 - r * 0.0158) / 0.020)
+    with pytest.raises(ValueError, match="prefill_seconds"):
+        st.colocated_request_rate(8, 0.02, -1.0, 10)
+    with pytest.raises(ValueError, match="batch"):
+        st.colocated_request_rate(0, 0.02, 0.01, 10)

@@ -286,6 +286,25 @@ def littles_law(throughput: float, latency: float) -> float:
                                                                                         finite=True)
 
 
+def colocated_request_rate(batch: int, step_seconds: float, prefill_seconds: float, output_tokens: int) -> float:
+    """Requests per second one GPU sustains at ``batch`` when it also runs every request's prefill.
+
+    Each request needs one prefill of ``prefill_seconds`` and ``output_tokens - 1``
+    decode steps, which it shares with the ``batch`` sequences of each step of
+    ``step_seconds``. At ``r`` requests per second the GPU spends ``r P`` of each
+    second prefilling and decodes in the rest, ``(1 - r P) / t`` steps of ``batch``
+    tokens, which must carry the ``r (O - 1)`` decode tokens asked for:
+    ``r = B / (t (O - 1) + B P)``. The prefill term is what Little's law with the
+    decode step alone (``B / W``) leaves out; it is why colocated servers fall short
+    of the decode bound, and why disaggregation moves prefill to other GPUs.
+    """
+    check_positive_int("batch", batch)
+    check_positive("step_seconds", step_seconds, finite=True)
+    check_nonnegative("prefill_seconds", prefill_seconds, finite=True)
+    check_positive_int("output_tokens", output_tokens)
+    return batch / (step_seconds * (output_tokens - 1) + batch * prefill_seconds)
+
+
 SCALING_BOOK = ("Austin et al., 'How to Scale Your Model' (2025), chapter 7, 'All About Transformer Inference', "
                 "section 'Modeling throughput and latency for LLaMA 2-13B'")
 SCALING_BOOK_SETUP = {"chips": 8, "bandwidth_per_chip": 8.2e11, "flops_per_chip": 1.97e14, "weight_bytes": 26e9,
