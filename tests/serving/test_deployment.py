@@ -113,3 +113,17 @@ def test_day6_and_lmsys_figures_as_published():
 def test_bad_input_raises_value_error(bad):
     with pytest.raises(ValueError):
         bad()
+
+
+def test_network_bound_rows_are_the_link_over_the_bytes_per_token():
+    comparisons = pd.hold_against()
+    assert all(c.binds == "network" and c.compute_bound_per_node > c.bound_per_node for c in comparisons)
+    assert pd.PRODUCTION_DECODE_BATCH == 88  # Little's law on Day 6: 14,800 tokens/s / 8 GPUs / 21 tokens/s
+    production = pd.ROWS[0]
+    at_128 = production._replace(batch_per_gpu=128)  # LMSYS's batch: a network-bound bound does not move
+    assert pd.hold_against((at_128,))[0].bound_per_node == pytest.approx(comparisons[0].bound_per_node)
+    # by hand: the link's bytes per second over the bytes a token sends to its experts, times the kept tokens
+    model, layout = d.moe_shape("DeepSeek-V3"), production.layout
+    per_token = model.moe_layers * d.ep_bytes_per_token(model, layout) / layout.network_bytes_per_s
+    expected = pd.GPUS_PER_NODE * layout.accepted_per_step / layout.tokens_per_step / per_token
+    assert comparisons[0].bound_per_node == pytest.approx(expected)

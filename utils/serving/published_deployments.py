@@ -43,7 +43,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from utils.published import Published
-from utils.serving.deployment import Layout, ModelShape, moe_shape, tokens_per_gpu_per_s
+from utils.serving.deployment import Layout, ModelShape, moe_shape, step, tokens_per_gpu_per_s
 
 DEEPSEEK_DAY6 = ("DeepSeek-AI, 'DeepSeek-V3/R1 Inference System Overview', open-infra-index, Open Source Week "
                  "day 6 (2025)")
@@ -54,6 +54,13 @@ MTP_ACCEPTED = 1.875
 """1 + the midpoint of DeepSeek-V3's 85-90% acceptance of its second (MTP) token (arXiv:2412.19437, section 5.4.3)."""
 
 _FP8 = dict(weight_bytes=1.0, matmul_precision="fp8", redundant_experts=32)
+
+DAY6_OUTPUT_TOKENS_PER_S_PER_NODE = 14_800
+DAY6_OUTPUT_TOKENS_PER_S_PER_USER = 21.0
+"""The midpoint of the Day 6 overview's "average output speed" of 20-22 tokens per second per request."""
+PRODUCTION_DECODE_BATCH = round(DAY6_OUTPUT_TOKENS_PER_S_PER_NODE / GPUS_PER_NODE / DAY6_OUTPUT_TOKENS_PER_S_PER_USER)
+"""Sequences per GPU in DeepSeek's production decode, by Little's law on Day 6's own averages: a GPU's
+1,850 output tokens/s over each request's 21 tokens/s is 88 requests decoding at once."""
 
 
 class PublishedDeployment(NamedTuple):
@@ -70,9 +77,11 @@ class PublishedDeployment(NamedTuple):
 
 ROWS: tuple[PublishedDeployment, ...] = (
     PublishedDeployment("DeepSeek production decode (EP144, MTP)", "decode",
-                        Layout(ep=144, tokens_per_step=2, accepted_per_step=MTP_ACCEPTED, **_FP8), 128, 4989,
-                        Published(14_800, "output tokens/s per H800 node", f"{DEEPSEEK_DAY6}, 'Cost and "
-                                  "Theoretical Income'; batch 128 per GPU from LMSYS's table", "measured"), True),
+                        Layout(ep=144, tokens_per_step=2, accepted_per_step=MTP_ACCEPTED, **_FP8),
+                        PRODUCTION_DECODE_BATCH, 4989,
+                        Published(DAY6_OUTPUT_TOKENS_PER_S_PER_NODE, "output tokens/s per H800 node",
+                                  f"{DEEPSEEK_DAY6}, 'Cost and Theoretical Income'; batch per GPU by Little's law from "
+                                  "its average output speed of 20-22 tokens/s per request", "measured"), True),
     PublishedDeployment("DeepSeek profile decode (EP128, MTP)", "decode",
                         Layout(ep=128, tokens_per_step=2, accepted_per_step=MTP_ACCEPTED, **_FP8), 128, 4096,
                         Published(18_598, "output tokens/s per H800 node", f"{LMSYS}, decode table, "
@@ -97,11 +106,18 @@ ROWS: tuple[PublishedDeployment, ...] = (
 
 
 class Comparison(NamedTuple):
-    """A row's roofline bound against its published figure: ``achieved = published / bound``."""
+    """A row's roofline bound against its published figure: ``achieved = published / bound``.
+
+    ``binds`` names the term that sets the bound's step: ``"network"`` when the all-to-alls outlast the
+    computation they overlap, else ``"compute"``. ``compute_bound_per_node`` is the bound with the network
+    free, so a network-bound row can be read both ways: against the link, and against the GPU.
+    """
 
     row: PublishedDeployment
     bound_per_node: float
     achieved: float
+    binds: str
+    compute_bound_per_node: float
 
 
 def hold_against(rows: tuple[PublishedDeployment, ...] = ROWS, model: ModelShape | None = None) -> list[Comparison]:
@@ -110,8 +126,12 @@ def hold_against(rows: tuple[PublishedDeployment, ...] = ROWS, model: ModelShape
     model = model or moe_shape("DeepSeek-V3")
     out = []
     for row in rows:
+        prefill = row.phase == "prefill"
         per_gpu = tokens_per_gpu_per_s(model, row.layout, row.batch_per_gpu, row.context, "H100-SXM",
-                                       prefill=row.phase == "prefill")
+                                       prefill=prefill)
         bound = GPUS_PER_NODE * per_gpu
-        out.append(Comparison(row, bound, row.tokens_per_s_per_node.value / bound))
+        s = step(model, row.layout, row.batch_per_gpu, row.context, "H100-SXM", prefill)
+        compute_only = bound * s.seconds / s.compute
+        out.append(Comparison(row, bound, row.tokens_per_s_per_node.value / bound,
+                              "network" if s.comm > s.compute else "compute", compute_only))
     return out
