@@ -28,6 +28,8 @@ def test_goodput_is_the_highest_rate_reaching_the_goal():
     assert goodput([1, 2, 4, 8], [1.0, 0.95, 0.9, 0.5]) == 4
     assert goodput([1, 2], [0.5, 0.2]) == 0.0
     assert goodput([1, 2, 4], [0.8, 0.85, 0.1], goal=0.8) == 2
+    assert goodput([1, 2, 4, 8], [1.0, 0.5, 0.95, 0.2]) == 1  # 4 passes after 2 failed: not sustained
+    assert goodput([8, 1, 4, 2], [0.2, 1.0, 0.95, 0.97]) == 4  # in any order
 
 
 def test_bad_times_are_refused():
