@@ -119,3 +119,20 @@ def test_interleaved_cache_scatters_each_sequence_and_keeps_its_tokens():
         assert torch.equal(got_k, k[s]) and torch.equal(got_v, v[s])
     with pytest.raises(ValueError, match="n_seqs, n_tokens"):
         interleaved_cache(k[0], v[0], 4)
+
+
+def test_free_slots_are_counted_where_a_wrong_modulo_would_show():
+    # block_size 4, both blocks in use: after 5 tokens the last block has 3 free slots ((-5) % 4), not 1 (5 % 4),
+    # so 2 more tokens fit; after 7 it has 1, so 3 more need a block there is not. With block_size 2 the right
+    # and the wrong count agree at every length, which is why this is checked at 4.
+    cache = PagedKVCache(num_blocks=2, block_size=4, n_kv_heads=H, head_dim=D)
+    seq = cache.add_sequence()
+    cache.append(seq, *_tokens(5))
+    assert cache.num_free_blocks == 0
+    cache.append(seq, *_tokens(2, 5))  # fits in the last block's free slots
+    assert cache.length(seq) == 7
+    with pytest.raises(OutOfBlocksError, match="needs 1 free blocks, but only 0"):
+        cache.append(seq, *_tokens(3, 7))  # 1 slot left: the other 2 need a block
+    assert cache.length(seq) == 7
+    cache.append(seq, *_tokens(1, 7))
+    torch.testing.assert_close(cache.gather(seq)[0], torch.cat([_tokens(5)[0], _tokens(2, 5)[0], _tokens(1, 7)[0]]))

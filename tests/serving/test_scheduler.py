@@ -58,3 +58,18 @@ def test_static_policy_admits_only_into_an_empty_batch():
     assert [c.request.request_id for c in s.schedule()] == [0]
     with pytest.raises(ValueError, match="policy"):
         make(policy="lifo")
+
+
+def test_a_budget_used_up_exactly_leaves_the_next_request_waiting():
+    # budget 8: a's 8-token prompt takes all of it; b waits, neither admitted with an empty chunk nor given a
+    # token the budget does not have. Next step a's decode (1 token) leaves 7: b's 3-token prompt, then c's 4.
+    s = make(budget=8)
+    a, b, c = Request(0, [1] * 8, 3), Request(1, [2] * 3, 3), Request(2, [3] * 4, 3)
+    s.waiting.extend([a, b, c])
+    first = s.schedule()
+    assert [(ch.request.request_id, ch.num_tokens) for ch in first] == [(0, 8)]
+    assert list(s.waiting) == [b, c] and s.running == [a]
+    run_step(s, first)
+    second = s.schedule()
+    assert [(ch.request.request_id, ch.num_tokens) for ch in second] == [(0, 1), (1, 3), (2, 4)]
+    assert sum(ch.num_tokens for ch in second) == 8 and not s.waiting

@@ -81,13 +81,19 @@ def _train(rank, world_size, compute_dtype=None, prefetch=False, make_model=lamb
     torch.set_num_threads(1)  # as the one-process reference (the one_thread fixture), under fork or spawn
     fsdp = FullyShardedDataParallel(make_model(), compute_dtype=compute_dtype, prefetch=prefetch)
     opt = torch.optim.Adam(fsdp.parameters(), lr=CONFIG.lr)
-    per_step, grads_ok, losses, replicated_grads = [], True, [], []
+    per_step, grads_ok, losses, replicated_grads, held = [], True, [], [], []
+
+    def held_bytes():  # what the gathered buffers really hold, not the counter the code keeps itself
+        return sum(u.full.untyped_storage().nbytes() for u in fsdp.units)
+
     for step in range(CONFIG.n_steps):
         before = (fsdp.n_all_gathers, fsdp.n_reduce_scatters)
         x, y = _shards(step, rank, world_size)
         loss = F.mse_loss(fsdp(x), y)
+        held.append(held_bytes())  # after forward: every unit resharded
         loss.backward()
         fsdp.finish_gradient_synchronization()
+        held.append(held_bytes())  # after backward: freed again
         grads_ok &= all(p.grad is not None and p.grad.shape == p.shape and p.grad.dtype == torch.float32
                         for p in fsdp.parameters())
         replicated_grads.append([p.grad.clone() for p in fsdp.replicated])
@@ -97,7 +103,7 @@ def _train(rank, world_size, compute_dtype=None, prefetch=False, make_model=lamb
         losses.append(loss.item())
     return {"weights": fsdp.gather_full_params(), "per_step": per_step, "grads_ok": grads_ok, "losses": losses,
             "n_units": len(fsdp.units), "unit_nbytes": sorted(u.nbytes for u in fsdp.units),
-            "peak": fsdp.gathered_peak_nbytes, "replicated_grads": replicated_grads,
+            "peak": fsdp.gathered_peak_nbytes, "replicated_grads": replicated_grads, "held": held,
             "n_parameters": len(list(fsdp.parameters())), "module_is_model": isinstance(fsdp.module, nn.Sequential)}
 
 
@@ -125,6 +131,7 @@ def test_collectives_per_step_and_gathered_peak(world_size):
         result = launch(_train, world_size, None, prefetch, timeout=120)[0]
         units = result["n_units"]
         assert result["per_step"] == [(2 * units, units)] * CONFIG.n_steps  # gather in forward and backward
+        assert result["held"] == [0] * (2 * CONFIG.n_steps), "gathered storage not freed after forward or backward"
         largest, second = result["unit_nbytes"][-1], result["unit_nbytes"][-2]
         if prefetch:
             assert largest < result["peak"] <= largest + second

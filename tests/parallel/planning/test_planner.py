@@ -245,3 +245,17 @@ def test_bad_model_raises(kw):
 def test_bad_efficiency_or_overlap_raises(kw):
     with pytest.raises(ValueError):
         plan(_GPT, Cluster("H100-SXM", 8), Layout(**_OK), **kw)
+
+
+def test_pipeline_communication_worked_by_hand():
+    # GPT above, TP 4 x PP 4 on 32 GPUs in nodes of 8: a stage boundary crosses nodes (NIC, 25 GB/s). Each of the
+    # m micro-batches sends one activation forward and its gradient backward over each of v chunks' boundaries:
+    # 2 v m (latency + s b h x 2 bytes / t / bandwidth), each GPU its 1/t share (Megatron's scatter/gather).
+    cluster = Cluster("H100-SXM", 32, nvlink_domain=8, nic_bandwidth=25e9)
+    layout = Layout(dp=2, tp=4, pp=4, micro_batch=2, global_batch=32, v=2)
+    m = 32 // (2 * 2)
+    one_send = NIC_LATENCY_S + 2048 * 2 * 2048 * 2 / 4 / 25e9  # 5 us + 4 MiB / 25 GB/s
+    expected = 2 * 2 * m * one_send
+    assert layout.microbatches == m == 8
+    assert step_time(_GPT, cluster, layout)["PP communication"] == pytest.approx(expected, rel=1e-12)
+    assert step_time(_GPT, cluster, dataclasses.replace(layout, pp=1, dp=8))["PP communication"] == 0
