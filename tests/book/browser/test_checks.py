@@ -6,6 +6,8 @@ import base64
 import struct
 import zlib
 
+import pytest
+
 from tests.book.browser.checks import check_images, check_widgets
 
 
@@ -100,3 +102,32 @@ def test_the_page_log_catches_other_hosts_and_failed_requests(open_page: object,
     assert any(p.startswith("request to another host (aborted): https://cdn.example.org/logo.png") for p in problems)
     assert any("missing.png (HTTP 404)" in p for p in problems), problems
     assert "console error: broken" in problems, problems
+
+
+def test_a_page_that_never_goes_idle_fails_naming_the_request(open_page: object, tmp_path, monkeypatch) -> None:
+    """A local request that never completes: the page is loaded twice, then the test fails saying which."""
+    import functools
+    import http.server
+    import threading
+    import time
+
+    import tests.book.browser.conftest as conftest
+
+    class Slow(conftest._QuietHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            if self.path.startswith("/slow"):
+                time.sleep(5)
+            super().do_GET()
+
+    monkeypatch.setattr(conftest, "NETWORK_IDLE_TIMEOUT_MS", 1_000)
+    (tmp_path / "page.html").write_text("<html><body><script>fetch('/slow.txt')</script></body></html>")
+    (tmp_path / "slow.txt").write_text("late")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Slow, directory=str(tmp_path)))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(pytest.fail.Exception, match=r"never went idle, twice; still in flight: \[.*slow\.txt"):
+            open_page(f"http://127.0.0.1:{server.server_address[1]}/page.html")
+    finally:
+        server.shutdown()
+        server.server_close()
