@@ -8,6 +8,7 @@ browser: they run wherever Chromium and Playwright are installed, and are skippe
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import os
@@ -79,19 +80,27 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+@contextlib.contextmanager
+def serve_directory(root: Path, handler: type = _QuietHandler) -> Iterator[str]:
+    """Serve ``root`` on a free localhost port in a background thread; yields the base URL (ends in ``/``)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture(scope="session")
 def site() -> Iterator[tuple[Path, str]]:
     """(root, base URL) of the built book, served on a free localhost port for the session."""
     root = book_root()
     if root is None:
         pytest.skip("BOOK_HTML is not set: make browser sets it to the built book")
-    handler = functools.partial(_QuietHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield root, f"http://127.0.0.1:{server.server_address[1]}/"
-    server.shutdown()
-    server.server_close()
+    with serve_directory(root) as base:
+        yield root, base
 
 
 @dataclass

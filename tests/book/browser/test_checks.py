@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import base64
 import struct
+import time
 import zlib
 
 import pytest
 
+import tests.book.browser.conftest as conftest
 from tests.book.browser.checks import check_images, check_widgets
+from tests.book.browser.conftest import serve_directory
 
 
 def png_data_uri(rgb: tuple[int, int, int]) -> str:
@@ -81,24 +84,13 @@ def test_broken_widgets_are_reported(browser: object) -> None:
 
 def test_the_page_log_catches_other_hosts_and_failed_requests(open_page: object, tmp_path) -> None:
     """open_page's log on a local page that asks another host and a missing local file."""
-    import functools
-    import http.server
-    import threading
-
-    from tests.book.browser.conftest import _QuietHandler
-
     (tmp_path / "page.html").write_text(
         '<html><body><img src="https://cdn.example.org/logo.png"><img src="missing.png">'
         "<script>console.error('broken')</script></body></html>"
     )
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(tmp_path)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        page, log = open_page(f"http://127.0.0.1:{server.server_address[1]}/page.html")
+    with serve_directory(tmp_path) as base:
+        page, log = open_page(base + "page.html")
         problems = log.problems()
-    finally:
-        server.shutdown()
-        server.server_close()
     assert any(p.startswith("request to another host (aborted): https://cdn.example.org/logo.png") for p in problems)
     assert any("missing.png (HTTP 404)" in p for p in problems), problems
     assert "console error: broken" in problems, problems
@@ -106,12 +98,6 @@ def test_the_page_log_catches_other_hosts_and_failed_requests(open_page: object,
 
 def test_a_page_that_never_goes_idle_fails_naming_the_request(open_page: object, tmp_path, monkeypatch) -> None:
     """A local request that never completes: the page is loaded twice, then the test fails saying which."""
-    import functools
-    import http.server
-    import threading
-    import time
-
-    import tests.book.browser.conftest as conftest
 
     class Slow(conftest._QuietHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
@@ -122,12 +108,6 @@ def test_a_page_that_never_goes_idle_fails_naming_the_request(open_page: object,
     monkeypatch.setattr(conftest, "NETWORK_IDLE_TIMEOUT_MS", 1_000)
     (tmp_path / "page.html").write_text("<html><body><script>fetch('/slow.txt')</script></body></html>")
     (tmp_path / "slow.txt").write_text("late")
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Slow, directory=str(tmp_path)))
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with serve_directory(tmp_path, Slow) as base:
         with pytest.raises(pytest.fail.Exception, match=r"never went idle, twice; still in flight: \[.*slow\.txt"):
-            open_page(f"http://127.0.0.1:{server.server_address[1]}/page.html")
-    finally:
-        server.shutdown()
-        server.server_close()
+            open_page(base + "page.html")
