@@ -27,6 +27,51 @@ def test_animate_embeds_one_frame_per_step():
     assert sorted(set(calls)) == [0, 1, 2, 3]
 
 
+def _alts(page: str) -> list[str]:
+    """The frame texts the player's script swaps into the image's alt, and the first one in the tag."""
+    import json
+    import re
+
+    first = re.search(r'<img id="_anim_img\w+" alt="([^"]*)"', page)
+    per_frame = re.search(r"var alts = (\[.*?\]);", page)
+    assert first and per_frame, "the animation has no alt text"
+    return [first.group(1), *json.loads(per_frame.group(1))]
+
+
+def test_every_frame_has_an_alt_text_that_follows_it_and_the_slider_a_label():
+    pytest.importorskip("IPython", reason="a machine without Jupyter (the GPU machine)")
+
+    def draw(ax, step):
+        ax.bar([0], [step])
+        if step:
+            ax.set_title(f"height {step}")
+
+    page = viz.animate(draw, 3, label="Bar frame").data
+    assert _alts(page) == ["Bar frame 1 of 3", "Bar frame 1 of 3", "Bar frame 2 of 3: height 1",
+                           "Bar frame 3 of 3: height 2"]
+    import re
+
+    slider = re.search(r'<input id="(_anim_slider\w+)"', page).group(1)
+    assert f'<label for="{slider}">Bar frame</label>' in page
+    assert _alts(viz.animate(draw, 2, alt=["a", 'b "quoted"']).data)[1:] == ["a", 'b "quoted"']
+    assert _alts(viz.animate(draw, 2, alt=lambda i: f"frame {i}").data)[1:] == ["frame 0", "frame 1"]
+    assert _alts(viz.animate(draw, 2, alt="same").data) == ["same"] * 3
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"alt": ["only one"]}, "one string per frame"),
+    ({"label": ""}, "label must be a non-empty string"),
+])
+def test_animate_refuses_alt_texts_that_do_not_match_the_frames(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        viz.animate(lambda ax, i: None, 2, **kwargs)
+
+
+def test_a_page_that_is_not_an_animation_is_refused():
+    with pytest.raises(ValueError, match="to_jshtml"):
+        viz._with_frame_alts("<div></div>", ["x"], "frame")
+
+
 def test_live_returns_an_interactive_widget():
     pytest.importorskip("ipywidgets", reason="a machine without Jupyter (the GPU machine)")
     widget = viz.live(_line, slope=(0.0, 2.0))

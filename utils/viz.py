@@ -23,7 +23,7 @@ returns a Matplotlib figure. A page then uses it four ways:
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import matplotlib
 
@@ -142,6 +142,9 @@ def animate(
     figsize: tuple[float, float] = (6.4, 3.2),
     interval_ms: int = 800,
     dpi: int = 72,
+    *,
+    alt: str | Sequence[str] | Callable[[int], str] | None = None,
+    label: str = "Animation frame",
 ) -> Any:
     """A scrubbable animation of ``n_steps`` steps, as HTML that plays without a kernel.
 
@@ -149,23 +152,85 @@ def animate(
     Returns an ``IPython.display.HTML`` object; leave it as a cell's last
     expression to show it. Keep ``n_steps`` and ``dpi`` small: each frame is an
     embedded PNG.
+
+    The frame image carries an ``alt`` text that follows the frame shown, and the
+    slider a ``<label>`` (``label``), for a reader with a screen reader (WCAG
+    1.1.1, 4.1.2). ``alt`` is one text for every frame, a sequence of one text
+    per frame, or a function of the step; by default a frame's text is
+    ``"{label} {step + 1} of {n_steps}"`` followed by the title the frame drew.
     """
     if not callable(draw_step):
         raise ValueError(f"draw_step must be callable, got {type(draw_step).__name__}")
     check_positive_int("n_steps", n_steps)
     if n_steps > 200:
         raise ValueError(f"n_steps={n_steps} would embed too many frames; use at most 200")
+    if not isinstance(label, str) or not label.strip():
+        raise ValueError(f"label must be a non-empty string (it names the slider), got {label!r}")
+    if not (alt is None or isinstance(alt, str) or callable(alt)):
+        alt = list(alt)
+        if len(alt) != n_steps or not all(isinstance(a, str) for a in alt):
+            raise ValueError(f"alt must give one string per frame ({n_steps}), got {len(alt)} items")
     from IPython.display import HTML
 
     fig, ax = plt.subplots(figsize=figsize, dpi=dpi)
+    titles: dict[int, str] = {}
 
     def update(step: int) -> list:
         ax.clear()
         draw_step(ax, step)
+        suptitle = fig._suptitle.get_text() if fig._suptitle is not None else ""
+        titles[step] = " ".join(t for t in (suptitle, ax.get_title()) if t)
         return []
 
     animation = FuncAnimation(fig, update, frames=n_steps, interval=interval_ms, blit=False)
     with matplotlib.rc_context({"savefig.dpi": dpi}):  # frames are saved at savefig.dpi
         html = animation.to_jshtml(default_mode="once")
     plt.close(fig)
-    return HTML(html)
+    if isinstance(alt, str):
+        alts = [alt] * n_steps
+    elif callable(alt):
+        alts = [str(alt(step)) for step in range(n_steps)]
+    elif alt is not None:
+        alts = alt
+    else:
+        alts = [f"{label} {step + 1} of {n_steps}" + (f": {titles[step]}" if titles.get(step) else "")
+                for step in range(n_steps)]
+    return HTML(_with_frame_alts(html, alts, label))
+
+
+def _with_frame_alts(jshtml: str, alts: list[str], slider_label: str) -> str:
+    """A ``to_jshtml`` animation whose image shows ``alts[frame]`` as its ``alt`` and whose slider has a label.
+
+    Matplotlib's player swaps the image's ``src`` in ``set_frame``; a few lines of script wrap it to
+    swap the ``alt`` too.
+    """
+    import html
+    import json
+    import re
+
+    match = re.search(r'<img id="_anim_img(\w+)"', jshtml)
+    if match is None:
+        raise ValueError("not a to_jshtml animation: no <img id=\"_anim_img...\"> found")
+    anim_id = match.group(1)
+    out = jshtml.replace(match.group(0), f'{match.group(0)} alt="{html.escape(alts[0], quote=True)}"', 1)
+    slider = f'<input id="_anim_slider{anim_id}"'
+    out = out.replace(slider, f'<label for="_anim_slider{anim_id}">{html.escape(slider_label)}</label>\n'
+                              f'    {slider}', 1)
+    script = f"""
+<script language="javascript">
+  (function() {{
+    var alts = {json.dumps(alts)};
+    setTimeout(function() {{
+      var anim = window["anim{anim_id}"];
+      if (!anim) {{ return; }}
+      var set_frame = anim.set_frame.bind(anim);
+      anim.set_frame = function(frame) {{
+        set_frame(frame);
+        document.getElementById("_anim_img{anim_id}").alt = alts[frame];
+      }};
+      anim.set_frame(anim.current_frame);
+    }}, 0);
+  }})()
+</script>
+"""
+    return out + script

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from utils.serving import prefix_plots  # noqa: E402
 from utils.serving.prefix_plots import (STORY, WORDS, capacity_curve, describe_frame, plot_block_size,  # noqa: E402
-                                        plot_capacity, radix_animation, radix_story, with_frame_alts)
+                                        plot_capacity, radix_animation, radix_story)
 
 
 def test_plots_return_figures():
@@ -59,7 +59,5 @@ def test_animation_has_an_alt_text_per_frame_and_a_labelled_slider():
     assert re.search(r'<label for="_anim_slider\w+">', page)
     for frame in frames:
         assert describe_frame(frame).replace('"', '\\"') in page  # each frame's alt text, as a JSON string
-    with pytest.raises(ValueError, match="to_jshtml"):
-        with_frame_alts("<div></div>", ["x"], "frame")
     with pytest.raises(ValueError, match="empty"):
         prefix_plots.radix_animation([])

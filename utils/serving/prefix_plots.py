@@ -9,9 +9,6 @@ as its ``alt`` text.
 
 from __future__ import annotations
 
-import html
-import json
-import re
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
@@ -273,43 +270,10 @@ def radix_animation(frames: list[RadixFrame], interval_ms: int = 1800) -> object
     The frame ``<img>`` gets :func:`describe_frame` of the frame shown as its ``alt`` text, updated as the
     reader scrubs, and the slider a ``<label>``.
     """
-    from IPython.display import HTML
-
     from utils import viz
 
     if not frames:
         raise ValueError("frames must not be empty")
-    anim = viz.animate(lambda ax, i: draw_radix_frame(ax, frames[i]), len(frames), figsize=(8.0, 3.6),
-                       interval_ms=interval_ms)
-    return HTML(with_frame_alts(anim.data, [describe_frame(f) for f in frames],
-                                "Radix tree animation: frame"))
-
-
-def with_frame_alts(jshtml: str, alts: list[str], slider_label: str) -> str:
-    """Give a ``to_jshtml`` animation's image one ``alt`` text per frame and its slider a ``<label>``."""
-    match = re.search(r'<img id="_anim_img(\w+)"', jshtml)
-    if match is None:
-        raise ValueError("not a to_jshtml animation: no <img id=\"_anim_img...\"> found")
-    anim_id = match.group(1)
-    out = jshtml.replace(match.group(0), f'{match.group(0)} alt="{html.escape(alts[0], quote=True)}"', 1)
-    slider = f'<input id="_anim_slider{anim_id}"'
-    out = out.replace(slider, f'<label for="_anim_slider{anim_id}">{html.escape(slider_label)}</label>\n'
-                              f'    {slider}', 1)
-    script = f"""
-<script language="javascript">
-  (function() {{
-    var alts = {json.dumps(alts)};
-    setTimeout(function() {{
-      var anim = window["anim{anim_id}"];
-      if (!anim) {{ return; }}
-      var set_frame = anim.set_frame.bind(anim);
-      anim.set_frame = function(frame) {{
-        set_frame(frame);
-        document.getElementById("_anim_img{anim_id}").alt = alts[frame];
-      }};
-      anim.set_frame(anim.current_frame);
-    }}, 0);
-  }})()
-</script>
-"""
-    return out + script
+    return viz.animate(lambda ax, i: draw_radix_frame(ax, frames[i]), len(frames), figsize=(8.0, 3.6),
+                       interval_ms=interval_ms, alt=[describe_frame(f) for f in frames],
+                       label="Radix tree animation: frame")

@@ -110,7 +110,10 @@ def _move(page: Page, control_selector: str) -> Callable[[], object]:
 
 
 def check_animations(page: Page) -> list[str]:
-    """Every ``viz.animate`` animation (matplotlib jshtml) shows a frame, draws its button icons and scrubs."""
+    """Every ``viz.animate`` animation (matplotlib jshtml) shows a frame, draws its button icons and scrubs.
+
+    Its frame image has an ``alt`` text before and after the slider moves, and the slider a ``<label>``.
+    """
     problems = []
     count = page.locator("div.animation").count()
     for k in range(count):
@@ -121,7 +124,8 @@ def check_animations(page: Page) -> list[str]:
                        buttons: el.querySelectorAll('.anim-buttons button').length,
                        icons: el.querySelectorAll('.anim-buttons button svg').length,
                        imgId: (el.querySelector('img[id^=_anim_img]') || {}).id,
-                       sliderId: (el.querySelector('input.anim-slider') || {}).id})"""
+                       sliderId: (el.querySelector('input.anim-slider') || {}).id,
+                       labelled: !!(el.querySelector('input.anim-slider') || {}).labels?.length})"""
         )
         name = f"animation {k + 1}"
         if not info["img"] or info["slider"] < 1:
@@ -129,8 +133,18 @@ def check_animations(page: Page) -> list[str]:
             continue
         if info["icons"] != info["buttons"]:
             problems.append(f"{name}: {info['buttons'] - info['icons']} of {info['buttons']} buttons draw no icon")
+        if not info["labelled"]:
+            problems.append(f"{name}: the slider has no <label>")
+        alt = _alt_text(page, info["imgId"])
         problems += _frame_changes(page, f"#{info['imgId']}", _move(page, f"#{info['sliderId']}"), f"{name} slider")
+        alt_after = _alt_text(page, info["imgId"])
+        if not alt or not alt_after:
+            problems.append(f"{name}: the frame image has no alt text" + (" after the slider moved" if alt else ""))
     return problems
+
+
+def _alt_text(page: Page, img_id: str) -> str:
+    return (page.locator(f"#{img_id}").get_attribute("alt") or "").strip()
 
 
 def check_widgets(page: Page) -> list[str]:

@@ -10,7 +10,7 @@ import zlib
 import pytest
 
 import tests.book.browser.conftest as conftest
-from tests.book.browser.checks import check_images, check_widgets
+from tests.book.browser.checks import check_animations, check_images, check_widgets
 from tests.book.browser.conftest import serve_directory
 
 
@@ -82,6 +82,32 @@ def test_broken_widgets_are_reported(browser: object) -> None:
     page.close()
 
 
+def test_animations_need_an_alt_text_and_a_labelled_slider(browser: object) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.animation import FuncAnimation
+    import matplotlib.pyplot as plt
+
+    from utils import viz
+
+    def draw(ax, step):
+        ax.bar([0], [step + 1])
+        ax.set_title(f"step {step}")
+
+    fig, ax = plt.subplots(figsize=(2, 1), dpi=40)
+    bare = FuncAnimation(fig, lambda i: (ax.clear(), draw(ax, i)) and [], frames=3).to_jshtml()  # neither
+    plt.close(fig)
+    page = browser.new_page()
+    page.set_content("<html><body>" + viz.animate(draw, 3, figsize=(2, 1), dpi=40).data + bare + "</body></html>")
+    # (their buttons' icons come from the book's Font Awesome, which this bare page does not load)
+    problems = [p for p in check_animations(page) if not p.endswith("buttons draw no icon")]
+    assert problems == ["animation 2: the slider has no <label>", "animation 2: the frame image has no alt text"], \
+        problems
+    assert page.locator("div.animation >> nth=0").locator("img").get_attribute("alt") == "Animation frame 2 of 3: step 1"
+    page.close()
+
+
 def test_the_page_log_catches_other_hosts_and_failed_requests(open_page: object, tmp_path) -> None:
     """open_page's log on a local page that asks another host and a missing local file."""
     (tmp_path / "page.html").write_text(
@@ -109,5 +135,6 @@ def test_a_page_that_never_goes_idle_fails_naming_the_request(open_page: object,
     (tmp_path / "page.html").write_text("<html><body><script>fetch('/slow.txt')</script></body></html>")
     (tmp_path / "slow.txt").write_text("late")
     with serve_directory(tmp_path, Slow) as base:
-        with pytest.raises(pytest.fail.Exception, match=r"never went idle, twice; still in flight: \[.*slow\.txt"):
+        with pytest.raises(pytest.fail.Exception, match=r"never went idle, twice; still in flight: \[.*slow\.txt"), \
+                pytest.warns(UserWarning, match=r"loading it again; in flight: \[.*slow\.txt"):
             open_page(base + "page.html")
