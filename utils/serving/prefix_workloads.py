@@ -27,7 +27,7 @@ reuses the reply), and both look up at most ``len(prompt) - 1`` tokens: the last
 prompt token must run to give the logits of the first output token (vLLM's
 ``max_cache_hit_length = num_tokens - 1`` in ``kv_cache_manager.py``).
 
-:func:`prefill_cost` turns tokens into FLOPs and bytes on the roofline, so a hit
+:func:`prefill_cost` turns tokens into FLOPs and bytes (part 5's step model), so a hit
 becomes saved prefill FLOPs and a lower bound on the TTFT it saves.
 """
 
@@ -37,12 +37,10 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from utils.attention.decode_cost import params_read_per_step
-from utils.attention.kv_cache import MODELS
-from utils.gpu.roofline import OpCost
 from utils.serving.block_pool import BlockPool
 from utils.serving.prefix_hash import block_hashes
 from utils.serving.radix_tree import RadixTree
+from utils.serving.step_time import StepCost, served_model, step_cost
 from utils.validate import check_nonnegative_int, check_positive_int
 
 __all__ = ["Request", "ReplayResult", "chat_workload", "few_shot_workload", "agent_workload", "WORKLOADS",
@@ -214,7 +212,7 @@ def replay_radix_tree(requests: Sequence[Request], capacity_tokens: int) -> Repl
     return ReplayResult(tuple(len(r.prompt) for r in requests), tuple(hits))
 
 
-def prefill_cost(model: str, n_new: int, n_cached: int = 0, bytes_per_elem: int = 2) -> OpCost:
+def prefill_cost(model: str, n_new: int, n_cached: int = 0, bytes_per_elem: int = 2) -> StepCost:
     """FLOPs and HBM bytes of prefilling ``n_new`` tokens after ``n_cached`` cached ones, for ``model``.
 
     FLOPs ``= 2 N n + 4 L H d sum_{i=c}^{c+n-1} (i + 1) = 2 N n + 2 L H d [(c+n)(c+n+1) - c(c+1)]``:
@@ -222,17 +220,12 @@ def prefill_cost(model: str, n_new: int, n_cached: int = 0, bytes_per_elem: int 
     ``N`` = :func:`~utils.attention.decode_cost.params_read_per_step`)
     and causal attention, token ``i`` against ``i + 1`` keys, as in :mod:`utils.attention.decode_cost`.
     Bytes ``= N b`` (the weights, once) ``+`` the KV cache of ``c + n`` tokens (the cached part read,
-    the new part written). A cache hit of ``c`` tokens saves ``prefill_cost(m, c + n) - prefill_cost(m, n, c)``;
-    :func:`utils.gpu.roofline.min_seconds` of the cost is a lower bound on the prefill's time.
+    the new part written). A cache hit of ``c`` tokens saves ``prefill_cost(m, c + n) - prefill_cost(m, n, c)``.
+    This is part 5's one step model (:func:`utils.serving.step_time.step_cost` of one prefill chunk),
+    split into the weight matmuls and attention; :func:`utils.serving.step_time.step_seconds` of it,
+    the two kernels each on its roofline, is a lower bound on the prefill's time.
     Activations, norms and the LM head over the prompt are left out.
     """
-    if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
     check_positive_int("n_new", n_new)
     check_nonnegative_int("n_cached", n_cached)
-    config, n_params = MODELS[model], params_read_per_step(model)
-    c, n = n_cached, n_new
-    attention = 2.0 * config.n_layers * config.n_heads * config.head_dim * ((c + n) * (c + n + 1) - c * (c + 1))
-    flops = 2.0 * n_params * n + attention
-    return OpCost(flops, float(n_params) * bytes_per_elem + config.cache_bytes(c + n, 1, bytes_per_elem,
-                                                                              use_window=False))
+    return step_cost(served_model(model, bytes_per_elem, bytes_per_elem), prefill_chunks=[(n_new, n_cached)])

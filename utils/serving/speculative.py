@@ -25,6 +25,11 @@ If each draft token is accepted independently with probability ``alpha``
 with a draft that costs ``c`` target forward passes per token, the expected
 walltime improvement is ``(1 - alpha^(k+1)) / ((1 - alpha)(k c + 1))``
 (their Theorem 3.8).
+
+That theorem takes the verify pass to cost one target pass. :func:`roofline_speedup`
+prices it instead with part 5's one step model (:mod:`utils.serving.step_time`,
+chapter 1): the weight matmuls and attention over the caches are separate kernels,
+each on its own roofline, and the step takes the sum of the two times.
 """
 
 from __future__ import annotations
@@ -34,10 +39,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from utils.attention.decode_cost import decode_step_cost
-from utils.attention.kv_cache import AttentionConfig
 from utils.attention.llama import TinyLlama
-from utils.gpu.roofline import OpCost, min_seconds
+from utils.gpu.roofline import OpCost
+from utils.serving.step_time import Roof, ServedModel, StepCost, step_cost, step_seconds
 from utils.validate import check_nonnegative, check_nonnegative_int, check_positive_int
 
 __all__ = ["SpeculativeResult", "accept_draft", "expected_acceptance", "expected_speedup",
@@ -263,31 +267,45 @@ def simulate_tokens_per_step(alpha: float, k: int, n_steps: int, generator: torc
     return float((accepted + 1).double().mean())
 
 
-def verify_step_cost(n_params: float, config: AttentionConfig, batch: int, context: int, k: int,
-                     bytes_per_elem: int = 2) -> OpCost:
+def verify_step_cost(model: ServedModel, batch: int, context: int, k: int) -> StepCost:
     """FLOPs and HBM bytes of one verification pass: ``k + 1`` tokens for each of ``batch`` sequences.
 
-    The FLOPs are those of a decode step of ``batch (k + 1)`` tokens; the bytes those of a decode step
-    of ``batch`` tokens, since the ``k + 1`` tokens of a sequence share its weights' and its cache's reads
-    (:func:`utils.attention.decode_cost.decode_step_cost`; the few extra cache rows are left out).
+    Chapter 1's decode step (:func:`utils.serving.step_time.step_cost` with ``batch``
+    sequences attending to ``context`` tokens) with ``k + 1`` times the FLOPs in each part
+    and the same bytes, since the ``k + 1`` tokens of a sequence share its weights' and its
+    cache's reads. Weight matmuls: ``2 N B (k + 1)`` FLOPs over ``N b`` bytes; attention:
+    ``f B (k + 1) S`` FLOPs over ``B S kv_bytes_per_token`` bytes (``f`` FLOPs per query and
+    attended token, :mod:`utils.serving.step_time`). The ``k`` extra cache rows the drafted
+    tokens add are left out, so ``k = 0`` is exactly a decode step.
     """
-    check_nonnegative_int("k", k)
     check_positive_int("batch", batch)
-    flops = decode_step_cost(n_params, config, batch * (k + 1), context, bytes_per_elem).flops
-    return OpCost(flops, decode_step_cost(n_params, config, batch, context, bytes_per_elem).nbytes)
+    check_nonnegative_int("context", context)
+    check_nonnegative_int("k", k)
+    decode = step_cost(model, [context] * batch)
+    return StepCost(OpCost(decode.linear.flops * (k + 1), decode.linear.nbytes),
+                    OpCost(decode.attention.flops * (k + 1), decode.attention.nbytes), decode.tokens * (k + 1))
 
 
-def roofline_speedup(alpha: float, k: int, c: float, n_params: float, config: AttentionConfig, batch: int,
-                     context: int, gpu: str = "H100-SXM", precision: str = "bf16") -> float:
+def roofline_speedup(alpha: float, k: int, c: float, model: ServedModel, batch: int, context: int, roof: Roof,
+                     overlap: bool = False) -> float:
     """Leviathan's speed-up with the verify pass priced on the roofline instead of assumed free.
 
-    ``E[tokens] t_decode / (t_verify + k c t_decode)``, with ``t_decode`` and ``t_verify`` the roofline
-    times (:func:`utils.gpu.roofline.min_seconds`) of a decode step and of :func:`verify_step_cost` at
-    ``batch``. While decode is memory-bound ``t_verify ~ t_decode`` and this is :func:`expected_speedup`;
-    once ``batch (k + 1)`` tokens make the pass compute-bound, ``t_verify`` grows with ``k + 1`` and the
-    gain shrinks below 1.
+    ``E[tokens] t_decode / (t_verify + k c t_decode)``, with ``t_decode`` and ``t_verify``
+    the step times of a decode step of ``batch`` sequences and of :func:`verify_step_cost`,
+    both by :func:`utils.serving.step_time.step_seconds`:
+    ``max(F_w/P, B_w/W) + max(F_a/P, B_a/W)``, weight matmuls and attention as separate
+    kernels (chapter 1's step model). While both kernels stay memory-bound,
+    ``t_verify = t_decode`` and this is :func:`expected_speedup`; once ``batch (k + 1)``
+    tokens take them past the ridge, ``t_verify`` grows with ``k + 1`` and the gain
+    shrinks, whatever the caches add to the attention kernel's bytes.
+
+    ``overlap=True`` prices both passes with the single ``max(F/P, B/W)`` over the whole
+    step instead (perfect overlap, which chapter 1 rejects); it is there only to compare
+    the two models.
     """
-    t_decode = min_seconds(decode_step_cost(n_params, config, batch, context), gpu, precision)
-    t_verify = min_seconds(verify_step_cost(n_params, config, batch, context, k), gpu, precision)
     check_nonnegative("c (draft cost ratio)", c, finite=True)
+    if not isinstance(roof, Roof):
+        raise ValueError(f"roof must be a utils.serving.step_time.Roof (Roof.of(gpu, precision)), got {roof!r}")
+    t_decode = step_seconds(verify_step_cost(model, batch, context, 0), roof, overlap)
+    t_verify = step_seconds(verify_step_cost(model, batch, context, k), roof, overlap)
     return expected_tokens_per_step(alpha, k) * t_decode / (t_verify + k * c * t_decode)

@@ -6,7 +6,6 @@ animation, kernel-free HTML), for the static figure, ``viz.live`` and ``viz.expl
 
 from __future__ import annotations
 
-import html
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -14,10 +13,10 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from utils import viz
-from utils.attention.decode_cost import max_batch, param_count, params_read_per_step
-from utils.attention.kv_cache import MODELS
+from utils.gpu import hardware
 from utils.serving.speculative import (SpeculativeResult, expected_speedup, expected_tokens_per_step, optimal_k,
                                        roofline_speedup)
+from utils.serving.step_time import Roof, max_batch, served_model
 
 __all__ = ["animate_steps", "plot_speedup", "plot_speedup_against_batch"]
 
@@ -53,18 +52,27 @@ def plot_speedup(alpha: float = 0.8, k: int = 4, c: float = 0.05) -> Figure:
 
 def plot_speedup_against_batch(model: str = "Llama-3-8B", alpha: float = 0.8, k: int = 4, c: float = 0.05,
                                context: int = 2048, gpu: str = "H100-SXM") -> Figure:
-    """Expected speed-up against batch when the verify pass is priced on ``gpu``'s roofline
-    (:func:`utils.serving.speculative.roofline_speedup`), with no cache and with ``context`` tokens cached."""
-    config, n = MODELS[model], params_read_per_step(model)
+    """Expected speed-up against batch when the verify pass is priced on ``gpu``'s bf16 roofline with
+    chapter 1's step model (:func:`utils.serving.speculative.roofline_speedup`: weight matmuls and attention
+    as separate kernels), with no cache and with ``context`` tokens cached."""
+    served, roof = served_model(model), Roof.of(gpu, "bf16")
     batches = np.unique(np.round(np.logspace(0, 10, 60, base=2)).astype(int))
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
     for ctx, color in ((0, "tab:blue"), (context, "tab:red")):
-        ax.semilogx(batches, [roofline_speedup(alpha, k, c, n, config, int(b), ctx, gpu) for b in batches],
+        ax.semilogx(batches, [roofline_speedup(alpha, k, c, served, int(b), ctx, roof) for b in batches],
                     color=color, label=f"context {ctx}" if ctx else "no cache (weights only)")
     ax.axhline(expected_speedup(alpha, k, c), color="0.4", ls="--", lw=1, label="verify pass free (Leviathan)")
     ax.axhline(1, color="0.5", ls=":", lw=1)
-    if context:
-        cap = max_batch(param_count(model), config, context, gpu)
+    ridge_batch = roof.ridge / (k + 1)  # B (k + 1) tokens at ~1 FLOP/byte each meet the ridge (bf16 weights)
+    ax.axvline(ridge_batch, color="0.5", ls=":", lw=1)
+    ax.text(ridge_batch, 0.15, f" weight matmuls\n compute-bound\n past B={ridge_batch:.0f}", fontsize=7, color="0.3")
+    hbm = hardware.spec(gpu).hbm_bytes
+    if context and served.resident_bytes >= hbm:  # e.g. a 70B model in bf16 on one 80 GB GPU
+        ax.text(0.98, 0.97, f"the weights alone ({served.resident_bytes / 1e9:.0f} GB) exceed one {gpu}'s "
+                f"{hbm / 1e9:.0f} GB:\nthis curve needs tensor parallelism (chapter 6)", transform=ax.transAxes,
+                ha="right", va="top", fontsize=7, color="tab:red")
+    elif context:
+        cap = max_batch(served, context, hbm)
         ax.axvline(cap, color="tab:red", ls=":", lw=1)
         ax.text(cap, 0.15, f" memory full\n at B={cap}", fontsize=7, color="tab:red")
     ax.set(xlabel="batch (sequences)", ylabel="expected speed-up", ylim=(0, expected_speedup(alpha, k, c) * 1.15),
@@ -110,9 +118,11 @@ def animate_steps(result: SpeculativeResult, prompt_len: int, max_steps: int = 1
         ax.set_ylim(-0.2, 2.3)
         ax.axis("off")
 
-    anim = viz.animate(draw, n_steps, figsize=(7.5, 1.6), interval_ms=interval_ms, dpi=72)
-    alt = html.escape(f"Speculative decoding, {n_steps} steps: in each frame the draft's proposed tokens sit above "
-                      "the text, green if the target kept them and red if it rejected them, and the target's own "
-                      "token is blue.", quote=True)
-    anim.data = anim.data.replace('<img id="_anim_img', f'<img alt="{alt}" id="_anim_img', 1)
-    return anim
+    def alt(step: int) -> str:
+        kept, proposed = result.accepted[step], len(result.proposals[step])
+        return (f"Speculative decoding, step {step + 1} of {n_steps}: the draft proposes {proposed} tokens above the "
+                f"text; the target keeps {kept} (green), rejects {proposed - kept} (red) and adds its own token "
+                "(blue).")
+
+    return viz.animate(draw, n_steps, figsize=(7.5, 1.6), interval_ms=interval_ms, dpi=72, alt=alt,
+                       label="Speculative decoding: step")

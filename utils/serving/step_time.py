@@ -139,6 +139,14 @@ class StepCost:
     def total(self) -> OpCost:
         return OpCost(self.linear.flops + self.attention.flops, self.linear.nbytes + self.attention.nbytes)
 
+    @property
+    def flops(self) -> float:
+        return self.total.flops
+
+    @property
+    def nbytes(self) -> float:
+        return self.total.nbytes
+
 
 def step_cost(model: ServedModel, decode_contexts: Sequence[int] = (),
               prefill_chunks: Sequence[tuple[int, int]] = ()) -> StepCost:
