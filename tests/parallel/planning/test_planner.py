@@ -259,3 +259,34 @@ def test_pipeline_communication_worked_by_hand():
     assert layout.microbatches == m == 8
     assert step_time(_GPT, cluster, layout)["PP communication"] == pytest.approx(expected, rel=1e-12)
     assert step_time(_GPT, cluster, dataclasses.replace(layout, pp=1, dp=8))["PP communication"] == 0
+
+
+# --- memory is judged on the fullest stage, which need not be the first or the last -------------------------
+
+def test_memory_verdict_is_taken_on_a_middle_stage_when_it_is_the_fullest():
+    # 6 layers of h = 1024 (12 h^2 weights each) on PP 4 with Llama 3's balancing: the embedding and the output
+    # layer each take a layer's slot, so the stages hold 1, 2, 2, 1 layers. Under 1F1B stage r keeps min(4 - r, 8)
+    # micro-batches: 4 x 1, 3 x 2, 2 x 2 and 1 x 1 layer-micro-batches of 34 s h bytes (selective recomputation).
+    # Stage 1 holds the most, 830 MB; stage 0 would say 503 MB and the last stage 301 MB.
+    model = Model(layers=6, hidden=1024, heads=8, vocab=1000, seq_len=2048)
+    layout = Layout(dp=1, tp=1, pp=4, micro_batch=1, global_batch=8, balance_embedding=True, recompute="selective")
+    h, s = 1024, 2048
+    stage_1 = 16 * 2 * 12 * h * h + 6 * 34 * s * h  # 16 bytes per weight (ZeRO's recipe, no sharding)
+    p = plan(model, Cluster("H100-SXM", 4), layout)
+    assert p.stage == 1
+    assert p.memory_bytes == pytest.approx(stage_1, rel=1e-12)
+    assert round(p.memory_bytes / 1e6) == 830
+
+
+def test_memory_verdict_is_taken_on_the_last_stage_when_the_logits_make_it_the_fullest():
+    # 2 small layers and a 32,000-word vocabulary on PP 2: the first stage keeps two micro-batches of its layer,
+    # the last one micro-batch, plus that micro-batch's logits in bf16 and fp32 (6 bytes each). Both hold a
+    # vocabulary matrix. Logits outweigh the extra micro-batch: the last stage is the fullest, 246 MB against 153.
+    model = Model(layers=2, hidden=256, heads=4, vocab=32000, seq_len=512)
+    layout = Layout(dp=1, tp=1, pp=2, micro_batch=1, global_batch=4, recompute="selective")
+    h, s, V = 256, 512, 32000
+    last = 16 * (12 * h * h + V * h) + 34 * s * h + 6 * s * V
+    p = plan(model, Cluster("H100-SXM", 2), layout)
+    assert p.stage == 1
+    assert p.memory_bytes == pytest.approx(last, rel=1e-12)
+    assert p.memory["logits"] == 6 * s * V

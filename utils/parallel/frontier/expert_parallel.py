@@ -21,7 +21,8 @@ per token, twice per forward and twice per backward. The layer equals
 tokens (each group, like each rank, routes with its own capacity).
 Pricing: :func:`all_to_all_seconds`, the pairwise exchange in the alpha-beta
 model of :mod:`utils.parallel.comm.network`. DeepSeek-V3's node-limited routing
-(:func:`node_limited_route`) caps the nodes a token's experts may sit on;
+(:func:`node_limited_route`) caps the nodes a token's experts may sit on, and
+:func:`node_limited_all_to_all_bytes` counts what the cap saves on the network;
 :data:`PUBLISHED` holds its run's figures.
 """
 
@@ -44,7 +45,8 @@ _DSV3 = "DeepSeek-AI, DeepSeek-V3 Technical Report, arXiv:2412.19437"
 PUBLISHED: Mapping[str, Published] = MappingProxyType({
     "deepseek_v3_nvlink_bytes_per_s": Published(160e9, "bytes/s per GPU (NVLink, H800)", _DSV3 + ", §3.2.2"),
     "deepseek_v3_ib_bytes_per_s": Published(50e9, "bytes/s per GPU (InfiniBand)", _DSV3 + ", §3.2.2"),
-    "deepseek_v3_max_nodes_per_token": Published(4, "nodes a token's routed experts may span", _DSV3 + ", §2.1.2"),
+    "deepseek_v3_max_nodes_per_token": Published(4, "nodes a token's routed experts may span",
+                                                 _DSV3 + ", §2.1.2 (the rule), §3.2.2 and §4.2 (M = 4)"),
     "deepseek_v3_expert_parallel": Published(64, "GPUs per expert-parallel group (8 nodes)", _DSV3 + ", §3.2"),
     "deepseek_v3_comm_sms": Published(20, "of 132 SMs per H800 kept for communication", _DSV3 + ", §3.2.2"),
 })
@@ -116,6 +118,37 @@ def all_to_all_bytes(tokens: int, hidden: int, n_experts: int, top_k: int, capac
         raise ValueError(f"n_experts ({n_experts}) must be divisible by world_size ({world_size})")
     capacity = expert_capacity(tokens, n_experts, top_k, capacity_factor)
     return (world_size - 1) * (n_experts // world_size) * capacity * hidden * element_size
+
+
+def node_limited_all_to_all_bytes(tokens: int, hidden: int, top_k: int, world_size: int, ranks_per_node: int,
+                                  max_nodes: int, element_size: int = 2) -> tuple[float, float]:
+    """``(network, nvlink)`` bytes one rank sends in one dispatch (or combine) under node-limited routing.
+
+    The ``P = world_size`` ranks fill ``n = P / g`` nodes, ``g = ranks_per_node`` on each.
+    Each token is routed to at most ``M = max_nodes`` nodes (DeepSeek-V3, §2.1.2;
+    :func:`node_limited_route`), counted as the most it can visit, ``min(M, k, n)``
+    (its ``k`` experts cannot span more nodes than ``k`` or ``n``). It crosses the
+    network once per *remote* node, to the GPU with the same in-node index, which
+    forwards it over NVLink to the GPUs of its experts (§3.2.2); with the nodes
+    equally likely, ``1/n`` of the visits are to the sender's own node. So
+    ``network = T min(M, k, n) (n - 1)/n h e`` and, each of the ``k`` copies
+    landing on another GPU of its node with probability ``(g - 1)/g``,
+    ``nvlink = T k (g - 1)/g h e`` (``T = tokens``, ``e = element_size``).
+    With ``M >= min(k, n)`` the cap does not bind, but a node still receives a
+    token once, not once per expert as in :func:`all_to_all_bytes`. The combine
+    retraces the same paths. (Chapter 12's widget charges the bound, ``M``
+    network visits per token, instead of the expected ``M (n - 1)/n``.)
+    """
+    for name, value in (("tokens", tokens), ("hidden", hidden), ("top_k", top_k), ("world_size", world_size),
+                        ("ranks_per_node", ranks_per_node), ("max_nodes", max_nodes)):
+        check_positive_int(name, value)
+    check_element_size(element_size)
+    if world_size % ranks_per_node:
+        raise ValueError(f"world_size ({world_size}) must fill whole nodes of ranks_per_node={ranks_per_node}")
+    n = world_size // ranks_per_node
+    network = tokens * min(max_nodes, top_k, n) * (n - 1) / n * hidden * element_size
+    nvlink = tokens * top_k * (ranks_per_node - 1) / ranks_per_node * hidden * element_size
+    return network, nvlink
 
 
 def all_to_all_seconds(world_size: int, nbytes: float, bandwidth: float, latency: float) -> float:

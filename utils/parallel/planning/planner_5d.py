@@ -37,13 +37,15 @@ then corrects the two things attention changes:
 for everything but the routed experts, which are split ``ep`` ways inside the
 DP group and data-parallel over the remaining ``dp / ep`` (DeepSeek-V3's
 layout: PP 16, EP 64, DP 128 on 2,048 GPUs, section 3.2). Per MoE layer and
-micro-batch, four all-to-alls (dispatch and combine, forward and backward) of
+micro-batch, four all-to-alls (dispatch and combine, forward and backward),
+priced by :func:`ep_all_to_all_seconds`: by default every expert copy of
 :func:`~utils.parallel.frontier.expert_parallel.all_to_all_bytes` at capacity
-factor 1, priced by :func:`~utils.parallel.frontier.expert_parallel.all_to_all_seconds`
-on NVLink inside a node and the NIC across nodes (each TP rank sends its
-``s b / tp`` tokens, sequence parallelism); a fraction ``ep_overlap``
-hides behind compute (DeepSeek-V3's DualPipe, section 3.2.1, hides nearly
-all). Compute is ``3 x`` :func:`~utils.parallel.frontier.moe_costs.forward_flops_per_token`
+factor 1, on NVLink inside a node and the NIC across nodes (each TP rank sends
+its ``s b / tp`` tokens, sequence parallelism); optionally node-limited
+(:func:`~utils.parallel.frontier.expert_parallel.node_limited_all_to_all_bytes`)
+and with an 8-bit dispatch (DeepSeek-V3, sections 3.2.2 and 3.3.3). A fraction
+``ep_overlap`` hides behind compute (DeepSeek-V3's DualPipe, section 3.2.1,
+hides nearly all). Compute is ``3 x`` :func:`~utils.parallel.frontier.moe_costs.forward_flops_per_token`
 plus attention's score FLOPs, at the planner's one efficiency. Activations are
 Korthikanti's GPT-layer formula (:func:`utils.parallel.memory.activation_bytes_per_layer`),
 an approximation for MLA and an MoE FFN; the 1F1B peak of ``min(pp, m)``
@@ -57,14 +59,15 @@ from dataclasses import dataclass
 
 from utils.parallel.comm.network import ring_allreduce_time
 from utils.parallel.frontier.context_parallel import min_local_seq_to_hide, ring_step_costs
-from utils.parallel.frontier.expert_parallel import all_to_all_bytes, all_to_all_seconds
+from utils.parallel.frontier.expert_parallel import (all_to_all_bytes, all_to_all_seconds,
+                                                     node_limited_all_to_all_bytes)
 from utils.parallel.frontier.moe_costs import MoEModel, forward_flops_per_token, moe_param_counts
 from utils.parallel.memory import ZERO_STAGES, activation_bytes_per_layer, zero_model_state_breakdown
 from utils.parallel.model.pipeline import ideal_bubble_fraction
-from utils.parallel.planning.planner import (BYTES_PER_VALUE, COMPUTE_EFFICIENCY, GRAD_BYTES, Cluster, Layout,
-                                             Plan, _link, _tp_allreduce_time, plan)
+from utils.parallel.planning.planner import (BYTES_PER_VALUE, COMPUTE_EFFICIENCY, GRAD_BYTES, NIC_LATENCY_S,
+                                             NVLINK_LATENCY_S, Cluster, Layout, Plan, _link, _tp_allreduce_time, plan)
 from utils.parallel.planning.transformer_costs import Model
-from utils.validate import check_nonnegative, check_positive, check_positive_int
+from utils.validate import check_element_size, check_nonnegative, check_positive, check_positive_int
 
 
 def _check_fraction(name: str, value: float) -> float:
@@ -192,10 +195,54 @@ def moe_training_flops_per_token(model: MoEModel, seq_len: int, heads: int, qk_h
     return 3 * (forward_flops_per_token(model) + scores)
 
 
+def ep_all_to_all_seconds(model: MoEModel, cluster: Cluster, layout: MoELayout, element_size: int = BYTES_PER_VALUE,
+                          max_nodes: int | None = None) -> float:
+    """Seconds for one all-to-all of one MoE layer and micro-batch, ``element_size`` bytes per value.
+
+    Each TP rank sends its ``s b / t`` tokens (sequence parallelism). Without
+    ``max_nodes`` (the default): every expert copy is sent on its own, the
+    padded buffer of :func:`all_to_all_bytes` at capacity factor 1, all of it at
+    the EP group's link (the NIC once the group spans nodes). With
+    ``max_nodes = M`` and a group that spans nodes: DeepSeek-V3's node-limited
+    dispatch (:func:`node_limited_all_to_all_bytes`), each token sent once over
+    the network to each remote node it visits and fanned out there over NVLink,
+    the two overlapped (DeepSeek-V3 section 3.2.2): the longer of the two
+    pairwise exchanges, one between nodes and one inside a node.
+    """
+    L, t = layout, layout.tp
+    tokens, span, g = max(1, L.seq_len * L.micro_batch // t), t * L.ep, cluster.nvlink_domain
+    if max_nodes is not None:
+        check_positive_int("max_nodes", max_nodes)
+    if max_nodes is None or span <= g:
+        bw, lat = _link(span, cluster)
+        nbytes = all_to_all_bytes(tokens, model.hidden, model.n_routed, model.top_k, 1.0, L.ep, element_size)
+        return all_to_all_seconds(L.ep, nbytes, bw, lat)
+    if span % g or g % t:
+        raise ValueError(f"node-limited routing needs the EP group to fill whole nodes: tp x ep ({t} x {L.ep}) "
+                         f"a multiple of the NVLink domain ({g}), and tp dividing it")
+    per_node = g // t
+    network, nvlink = node_limited_all_to_all_bytes(tokens, model.hidden, model.top_k, L.ep, per_node, max_nodes,
+                                                    element_size)
+    return max(all_to_all_seconds(L.ep // per_node, network, cluster.nic_bandwidth, NIC_LATENCY_S),
+               all_to_all_seconds(per_node, nvlink, cluster.spec.nvlink_bandwidth / 2, NVLINK_LATENCY_S))
+
+
 def plan_moe(model: MoEModel, heads: int, qk_head_dim: int, v_head_dim: int, cluster: Cluster, layout: MoELayout,
              efficiency: float = COMPUTE_EFFICIENCY, ep_overlap: float = 0.0, dp_overlap: float = 0.0,
-             dispatch_bytes: int = BYTES_PER_VALUE) -> Plan:
-    """Memory per GPU (first stage) and time per step of an MoE model under PP x DP(EP) x TP (module docstring)."""
+             dispatch_bytes: int = BYTES_PER_VALUE, combine_bytes: int = BYTES_PER_VALUE,
+             max_nodes: int | None = None) -> Plan:
+    """Memory per GPU (first stage) and time per step of an MoE model under PP x DP(EP) x TP (module docstring).
+
+    The all-to-alls (:func:`ep_all_to_all_seconds`): two per MoE layer and
+    micro-batch carry ``dispatch_bytes`` per value towards the experts (the
+    forward's dispatch, and in backward the gradient before the
+    down-projections), two carry ``combine_bytes`` back (the forward's
+    combine, the backward's gradient of the dispatch). DeepSeek-V3 sends the
+    first two in FP8 (``dispatch_bytes=1``) and keeps both combines in BF16
+    (section 3.3.3). ``max_nodes``: node-limited routing (DeepSeek-V3: 4,
+    sections 2.1.2 and 4.2). The defaults (2, 2, ``None``) price every expert
+    copy in BF16.
+    """
     check_positive("efficiency", efficiency)
     if efficiency > 1:
         raise ValueError(f"efficiency must be in (0, 1], got {efficiency}")
@@ -224,10 +271,9 @@ def plan_moe(model: MoEModel, heads: int, qk_head_dim: int, v_head_dim: int, clu
     flops = tokens * moe_training_flops_per_token(model, s, heads, qk_head_dim, v_head_dim)
     compute = flops / (cluster.n_gpus * peak * efficiency)
     f = ideal_bubble_fraction("1f1b", L.pp, m)
-    # With TP (and sequence parallelism) each TP rank dispatches its s b / t tokens of the micro-batch.
-    a2a_bytes = all_to_all_bytes(max(1, s * b // t), h, model.n_routed, model.top_k, 1.0, L.ep, dispatch_bytes)
-    bw, lat = _link(t * L.ep, cluster)
-    ep = 4 * moe_layers * m * all_to_all_seconds(L.ep, a2a_bytes, bw, lat) * (1 - ep_overlap)
+    one = {e: ep_all_to_all_seconds(model, cluster, L, check_element_size(e), max_nodes)
+           for e in {dispatch_bytes, combine_bytes}}
+    ep = 2 * moe_layers * m * (one[dispatch_bytes] + one[combine_bytes]) * (1 - ep_overlap)
     tp = 4 * layers * m * _tp_allreduce_time(L, cluster, s * b * h * BYTES_PER_VALUE) if t > 1 else 0.0
     pp = 0.0
     if L.pp > 1:

@@ -19,9 +19,12 @@ What the rows assume that the papers do not print: micro-batch 1 in both; for
 DeepSeek-V3 an H100's compute and NVLink for the H800 (same dense BF16 peak,
 989 TFLOP/s; the H800's NVLink is 400 GB/s against 900, which only TP would
 feel), BF16 at the planner's efficiency though DeepSeek-V3 ran its GEMMs in
-FP8, 1F1B's bubble for DualPipe's smaller one, 2-byte dispatch (DeepSeek
-dispatches FP8), and ``ep_overlap = 1`` (DualPipe hides the all-to-alls: "near-zero
-all-to-all communication overhead", section 1). Llama 3 gathers K/V rather
+FP8, 1F1B's bubble for DualPipe's smaller one, and ``ep_overlap = 1`` (DualPipe
+hides the all-to-alls: "near-zero all-to-all communication overhead", section 1).
+By default the all-to-alls send every expert copy in BF16; DeepSeek-V3's own
+wire format is an option of :func:`deepseek_v3_plan`: node-limited routing to
+at most :data:`DSV3_MAX_NODES` nodes per token (sections 2.1.2, 3.2.2, 4.2) and
+FP8 dispatch with BF16 combine (section 3.3.3). Llama 3 gathers K/V rather
 than passing them round a ring (section 3.3.2): the same bytes reach each rank.
 """
 
@@ -30,11 +33,14 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from utils.parallel.frontier.moe_costs import MODELS, MoEModel
-from utils.parallel.planning.planner import COMPUTE_EFFICIENCY, Cluster, Layout, Plan
-from utils.parallel.planning.planner_5d import MoELayout, gpu_hours_per_trillion_tokens, plan_cp, plan_moe
+from utils.parallel.frontier.expert_parallel import PUBLISHED as EP_PUBLISHED
+from utils.parallel.frontier.moe_costs import MODELS, MoEModel, forward_flops_per_token
+from utils.parallel.planning.planner import BYTES_PER_VALUE, COMPUTE_EFFICIENCY, Cluster, Layout, Plan
+from utils.parallel.planning.planner_5d import (MoELayout, gpu_hours_per_trillion_tokens, moe_training_flops_per_token,
+                                                plan_cp, plan_moe)
 from utils.parallel.planning.published_runs import LLAMA3, LLAMA3_405B, LLAMA3_NIC_BYTES_PER_S
 from utils.published import Published
+from utils.validate import check_positive
 
 DEEPSEEK_V3 = "DeepSeek-AI, 'DeepSeek-V3 Technical Report', arXiv:2412.19437"
 
@@ -55,6 +61,14 @@ DSV3_LAYOUT = MoELayout(pp=16, dp=128, ep=64, seq_len=4096, micro_batch=1, globa
 DSV3_GPU_HOURS_PER_T = Published(180e3, "H800 GPU-hours per trillion pre-training tokens",
                                  DEEPSEEK_V3 + ", section 1 and Table 1")
 DSV3_PRETRAIN = Published(2_664e3, "H800 GPU-hours of pre-training on 14.8T tokens", DEEPSEEK_V3 + ", Table 1")
+H100_REPORTED_MIB = Published(81_559, "MiB of device memory an H100 80GB reports (nvidia-smi, NVML)",
+                              "Modal, 'Why does an NVIDIA H100 80GB card offer 85.52 GB?' "
+                              "(thundergolfer.com/blog/nvidia-gpu-memory-capacity), table", "measured")
+"""85.5 GB where the spec table (and the planner) count 80 GB; no such figure was found for the H800."""
+DSV3_MAX_NODES: int = EP_PUBLISHED["deepseek_v3_max_nodes_per_token"].value
+"""M = 4: each token is sent to at most 4 of the EP group's 8 nodes (sections 2.1.2, 3.2.2 and 4.2)."""
+DSV3_DISPATCH_BYTES = 1
+"""FP8 dispatch (and the gradient before the down-projections in backward); both combines stay BF16 (section 3.3.3)."""
 
 
 class Row(NamedTuple):
@@ -78,18 +92,45 @@ def llama3_128k_row(efficiency: float = COMPUTE_EFFICIENCY) -> Row:
 
 def deepseek_v3_plan(layout: MoELayout = DSV3_LAYOUT, ep_overlap: float = 1.0,
                      efficiency: float = COMPUTE_EFFICIENCY, model: MoEModel = DSV3_MODEL,
-                     cluster: Cluster | None = None) -> Plan:
-    """:func:`plan_moe` of DeepSeek-V3 (or another ``layout`` of it) on 2,048 GPUs of 8 per node, IB 50 GB/s."""
+                     cluster: Cluster | None = None, max_nodes: int | None = None,
+                     dispatch_bytes: int = BYTES_PER_VALUE) -> Plan:
+    """:func:`plan_moe` of DeepSeek-V3 (or another ``layout`` of it) on 2,048 GPUs of 8 per node, IB 50 GB/s.
+
+    ``max_nodes=DSV3_MAX_NODES, dispatch_bytes=DSV3_DISPATCH_BYTES`` is the
+    run's own wire format; the defaults send every expert copy in BF16.
+    """
     if cluster is None:
         cluster = dataclasses.replace(DSV3_CLUSTER, n_gpus=layout.n_gpus)
     return plan_moe(model, cluster=cluster, layout=layout, efficiency=efficiency, ep_overlap=ep_overlap,
-                    **DSV3_ATTENTION)
+                    dispatch_bytes=dispatch_bytes, max_nodes=max_nodes, **DSV3_ATTENTION)
 
 
-def deepseek_v3_row(ep_overlap: float = 1.0, efficiency: float = COMPUTE_EFFICIENCY) -> Row:
+def deepseek_v3_row(ep_overlap: float = 1.0, efficiency: float = COMPUTE_EFFICIENCY, max_nodes: int | None = None,
+                    dispatch_bytes: int = BYTES_PER_VALUE) -> Row:
     """DeepSeek-V3: the planner's H800 GPU-hours per trillion tokens against the report's 180K."""
-    p = deepseek_v3_plan(ep_overlap=ep_overlap, efficiency=efficiency)
+    p = deepseek_v3_plan(ep_overlap=ep_overlap, efficiency=efficiency, max_nodes=max_nodes,
+                         dispatch_bytes=dispatch_bytes)
     predicted = gpu_hours_per_trillion_tokens(p)
     return Row(f"DeepSeek-V3, PP 16 EP 64, all-to-all {ep_overlap:.0%} hidden", p, predicted,
                DSV3_GPU_HOURS_PER_T, DSV3_GPU_HOURS_PER_T.value / predicted - 1)
+
+
+def deepseek_v3_linear_share() -> float:
+    """Share of DeepSeek-V3's training FLOPs (as :func:`plan_moe` counts them) in linear layers, the rest scores."""
+    return 3 * forward_flops_per_token(DSV3_MODEL) / moe_training_flops_per_token(DSV3_MODEL, DSV3_LAYOUT.seq_len,
+                                                                                   **DSV3_ATTENTION)
+
+
+def deepseek_v3_all_to_all_ratio(max_nodes: int | None = None, dispatch_bytes: int = BYTES_PER_VALUE,
+                                 gemm_speedup: float = 1.0) -> float:
+    """All-to-all over compute seconds, nothing hidden: the report's "computation-to-communication ratio", inverted.
+
+    The linear layers' share of the compute (:func:`deepseek_v3_linear_share`)
+    runs ``gemm_speedup`` times faster (FP8 GEMMs: 1 is the planner's BF16);
+    attention's score matmuls stay BF16 (section 3.3.1).
+    """
+    check_positive("gemm_speedup", gemm_speedup)
+    t = deepseek_v3_plan(ep_overlap=0.0, max_nodes=max_nodes, dispatch_bytes=dispatch_bytes).time
+    linear = deepseek_v3_linear_share()
+    return t["EP all-to-all (exposed)"] / (t["compute"] * (linear / gemm_speedup + 1 - linear))
 
