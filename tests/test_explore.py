@@ -177,3 +177,27 @@ def test_a_refused_combination_shows_the_functions_message_and_the_defaults_must
     with pytest.raises(ValueError, match="at most 4"):
         viz.explore(_refuses_big, n=[8, 9])
     plt.close("all")
+
+
+def test_frames_share_one_math_text_parser_and_its_cache():
+    """Each new figure gets a new Agg renderer, whose math-text cache (log axes' 10^n labels) would start
+    empty: render_png gives every frame's renderer the same parser, so a second frame re-parses only
+    the labels the first did not have (measured: 4.6 CPU-s instead of 6.5 for part 0's first widget)."""
+    from matplotlib.mathtext import MathTextParser
+
+    def log_figure(top_decade):
+        fig, ax = plt.subplots(figsize=(3, 2))
+        ax.loglog([1, 10, 10.0 ** top_decade], [1, 10, 10.0 ** top_decade])
+        return fig
+
+    def misses():
+        return MathTextParser._parse_cached.cache_info().misses
+
+    first, second = log_figure(7), log_figure(8)  # labels 10^0 ... 10^7, then one more decade
+    before = misses()
+    render_png(first, 37)  # a dpi no other test draws at: the cache holds none of these labels yet
+    between = misses()
+    render_png(second, 37)
+    assert first.canvas.get_renderer().mathtext_parser is second.canvas.get_renderer().mathtext_parser
+    assert between - before >= 3 and misses() - between <= 1, (before, between, misses())
+    plt.close("all")

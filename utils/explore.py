@@ -30,6 +30,7 @@ the widget says in one line which controls move on the page.
 
 from __future__ import annotations
 
+
 import inspect
 import math
 from dataclasses import dataclass
@@ -284,6 +285,14 @@ def frame_dpi(dpi: int) -> Any:
     return matplotlib.rc_context({"figure.dpi": dpi})
 
 
+_SHARED_MATHTEXT_PARSERS: dict[str, Any] = {}
+
+
+def _shared_mathtext_parser(parser: Any) -> Any:
+    """The first math-text parser seen of ``parser``'s output type: frames share it, and its parse cache."""
+    return _SHARED_MATHTEXT_PARSERS.setdefault(getattr(parser, "_output_type", type(parser).__name__), parser)
+
+
 def render_png(fig: Any, dpi: int, colors: int = 64, bbox: Any = None) -> bytes:
     """``fig`` as a small PNG: drawn once at ``dpi``, cut to ``bbox`` (tight if ``None``), quantized to ``colors``.
 
@@ -306,6 +315,10 @@ def render_png(fig: Any, dpi: int, colors: int = 64, bbox: Any = None) -> bytes:
         fig.set_dpi(dpi)
     fig.set_facecolor("white")
     try:
+        # Matplotlib caches parsed math text (tick labels such as 10^3 on every log axis) per renderer,
+        # and each new figure gets a new renderer: the frames share one parser, so its cache carries over.
+        renderer = canvas.get_renderer()
+        renderer.mathtext_parser = _shared_mathtext_parser(renderer.mathtext_parser)
         canvas.draw()
         pixels = np.asarray(canvas.buffer_rgba())[..., :3]
         if bbox is None:
