@@ -84,6 +84,30 @@ def test_every_lab_hint_belongs_to_a_known_pattern():
         assert set(table) <= set(hints.GENERIC), f"{lab}: {set(table) - set(hints.GENERIC)}"
 
 
+def test_every_element_wrong_in_no_pattern_is_not_called_some():
+    expected = torch.randn(6, 6, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    wrong = torch.randn(6, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    assert hints.diagnose(wrong, expected) == "some"
+    with pytest.raises(hints.CheckFailed) as info:
+        hints.assert_close(wrong, expected, lab="ring-attention")
+    assert "Hint: every element differs, in no simple pattern: " + hints.MISTAKES["ring-attention"]["some"] \
+        in str(info.value)
+    assert "only some" not in str(info.value)
+    with pytest.raises(hints.CheckFailed) as info:
+        hints.assert_close(wrong, expected)  # no lab: no claim about indices either
+    assert "every element differs" in str(info.value) and "only some" not in str(info.value)
+
+
+def test_the_ring_lab_has_a_hint_for_each_stage_of_its_check():
+    # the lab compares non-causal outputs, then causal contiguous, then zig-zag, then gradients, naming these tables
+    for lab in ("ring-attention", "ring-attention-causal", "ring-attention-zigzag", "ring-attention-gradients",
+                "ring-attention-work"):
+        assert hints.MISTAKES[lab]["some"], lab
+    assert "exp(m_old - m_new)" in hints.MISTAKES["ring-attention"]["some"]
+    assert "positions(S, rank, P, layout)" in hints.MISTAKES["ring-attention-zigzag"]["some"]
+    assert "detach" in hints.MISTAKES["ring-attention-gradients"]["some"]
+
+
 def test_a_single_wrong_number_gets_how_far_off_but_no_pattern():
     with pytest.raises(hints.CheckFailed) as info:
         hints.assert_close(torch.tensor(0.75), torch.tensor(0.5), lab="post-training-dpo")

@@ -49,6 +49,9 @@ MISTAKES = {
                            "out[..., i:i + block, :] = acc", HINT_TABLES["flash-attention"]["row_scaled"]),
     "02-q-learning-and-reinforce": ("qlr-reinforce", "grad[s] += weight * score", "grad[s] -= weight * score",
                                     HINT_TABLES["q-learning-and-reinforce"]["sign"]),
+    # the running output not rescaled: the non-causal stage fails first, and its hint is the merge's
+    "08-ring-attention": ("ring-lab-forward", "alpha[..., None] * acc.index_select(2, rows)",
+                          "acc.index_select(2, rows)", HINT_TABLES["ring-attention"]["some"]),
 }
 
 

@@ -78,6 +78,44 @@ MISTAKES: dict[str, dict[str, str]] = {
         "scaled": "unscale the gradients (divide by the scale) before checking them and stepping.",
         "nan": "on inf or NaN skip the step and halve the scale; never step with such a gradient.",
     },
+    # The ring-attention lab checks its configurations in an order that tells the mistakes apart, and names the
+    # table of the first stage that fails: the non-causal output needs only the merge ("ring-attention"), the causal
+    # contiguous one adds the mask, the causal zig-zag one the chunks' global positions, and the gradients the graph.
+    "ring-attention": {
+        "some": "the non-causal ring needs only the online-softmax merge: at every block rescale the running l AND "
+                "acc of its rows by exp(m_old - m_new) before adding rowsum(exp(S - m_new)) and exp(S - m_new) @ V; "
+                "return acc / l; and scale the scores q k^T by 1/sqrt(d), once.",
+        "row_scaled": "is l rescaled by exp(m_old - m_new) at every block, like acc, and the output acc / l?",
+        "scaled": "the scores are q k^T / sqrt(d): the scale applied once, before the max and the exp?",
+    },
+    "ring-attention-causal": {
+        "some": "the causal mask, by global position: set a score to -inf where key position > query position "
+                "(strictly: a query sees its own key); rows are the queries at or after the block's first key, cols "
+                "the keys at or before its last query; the block at step t is rank (r - t) mod P's, with its "
+                "positions.",
+        "nan": "a row whose scores are all -inf gives exp(-inf - (-inf)) = NaN: is a query masked from its own key "
+               "(the mask is key > query, not >=), or a row kept that sees no key of the block?",
+    },
+    "ring-attention-zigzag": {
+        "some": "global positions: with zig-zag chunks a rank holds chunks r and 2P - 1 - r, not one slice; take the "
+                "queries' and the block's positions from positions(S, rank, P, layout) with the layout passed in, the "
+                "block's for its owner (r - t) mod P.",
+        "nan": "a zig-zag row that sees no key of a block must not be kept: rows and cols from the global positions "
+               "of positions(S, rank, P, layout), for this layout.",
+    },
+    "ring-attention-gradients": {
+        "some": "every output is right but a gradient is not, so autograd misses part of the forward: only the running "
+                "max may be detached (it cancels in acc / l); a detach(), .data or .item() on l, acc, the scores or "
+                "the shifted K/V cuts the graph. Update the running tensors out of place (index_copy).",
+        "scaled": "every output is right but a gradient is off by a factor: is each block's contribution in the graph "
+                  "once, and nothing detached but the running max?",
+        "row_scaled": "every output is right but a gradient is not: only the running max may be detached; l and "
+                      "acc must stay in the graph.",
+    },
+    "ring-attention-work": {
+        "some": "count the rectangle each step computes, len(rows) * len(cols) per (batch, head), and 0 for a block "
+                "no row sees; without a mask every block counts n * n.",
+    },
     "paged-kv-cache": {
         "some": "a block's slot for token t is t % block_size in block block_table[t // block_size].",
         "row_scaled": "the softmax runs over all the sequence's keys, across its blocks, not per block.",
@@ -117,6 +155,53 @@ MISTAKES: dict[str, dict[str, str]] = {
     "gqa-decoding": {
         "row_scaled": "the softmax over the keys, after the causal mask and the 1/sqrt(d) scale?",
         "some": "causal with a cache: query i at position start + i sees keys 0 .. start + i.",
+    },
+    # Part 5 lab 1 compares schedules, not tensors: utils.serving.scheduler_check finds the first step that differs
+    # from the reference's and names the table of the rule such a difference usually breaks.
+    "serving-scheduler-order": {
+        "some": "running requests first, in the order they were admitted (self.running), each given its tokens; "
+                "then the waiting queue from its head (self.waiting[0]); an admitted request leaves the queue and "
+                "joins the end of self.running.",
+    },
+    "serving-scheduler-budget": {
+        "some": "the token budget: a request gets n = min(len(request.tokens) - request.num_computed, budget left), "
+                "then budget -= n (a decode is 1 token); once the budget is spent, nobody else gets tokens this "
+                "step, running or waiting.",
+    },
+    "serving-scheduler-admission": {
+        "some": "admission: none in a step that preempted; the head of the queue is admitted only if "
+                "blocks_needed(request, n) <= pool.num_free_blocks for its chunk n; if it does not fit, stop "
+                "(break): nobody behind it jumps ahead.",
+    },
+    "serving-scheduler-max-seqs": {
+        "some": "at most max_num_seqs requests run at once: stop admitting when len(self.running) reaches "
+                "self.max_num_seqs (None means no limit).",
+    },
+    "serving-scheduler-preemption": {
+        "some": "when a running request's blocks are not free, preempt self.running[-1], the last admitted, with "
+                "self.preempt(...), and repeat until they are free or the request has preempted itself; a "
+                "preempted request gets no tokens this step, and nobody is admitted in a step that preempted.",
+    },
+    "serving-scheduler-blocks": {
+        "some": "blocks: before returning a chunk, append pool.allocate(blocks_needed(request, n)) to "
+                "request.blocks, exactly that many; finish() and preempt() give blocks back, and a queued request "
+                "that did not fit holds none.",
+    },
+    "serving-prefix-lookup": {
+        "some": "schedule() calls self.take_cached_prefix(request) for the head of the queue before computing its "
+                "chunk n, which the hit shortens; take_cached_prefix hashes the usable full blocks, keeps "
+                "pool.lookup's hits as request.blocks and their hashes as request.hashes, sets num_computed and "
+                "adds it to request.cached_tokens.",
+    },
+    "serving-prefix-last-token": {
+        "some": "leave the last token uncomputed: hash only (len(tokens) - 1) // block_size blocks, so a prompt "
+                "that is whole in the cache (72 tokens, 9 full blocks of 8) takes 8 blocks from it and computes "
+                "the last 8 tokens: the model must run on the last one for its logits.",
+    },
+    "serving-prefix-release": {
+        "some": "a queued request that does not fit gives back the cache hits take_cached_prefix took: call "
+                "self.release_cached_prefix(request) before you stop admitting. Held hits stay counted as in use "
+                "(the next step's lookup takes them again), and a small pool runs dry: a deadlock.",
     },
 }
 """Per lab, the usual cause of each pattern of :func:`diagnose`: the common mistakes of that lab."""
@@ -296,6 +381,10 @@ def hint_for(actual: Any, expected: Any, rtol: float | None = None, atol: float 
         seen += f", {_factor_words(float((a64[usable] / e64[usable]).median()))} the expected value"
     if pattern == "scaled":
         specific = specific or GENERIC["scaled"]
+    if pattern == "some" and not bool(torch.isclose(a.detach().double().cpu(), e.detach().double().cpu(),
+                                                    rtol=rtol, atol=atol, equal_nan=True).any()):
+        seen = "every element differs, in no simple pattern"  # "some" is only the pattern nothing else fits
+        specific = specific or "a mistake in the formula itself, not at a few indices: work one small case by hand?"
     meaning = f"{seen}: {specific}" if specific else GENERIC[pattern]
     return f"{where}{_describe(a, e, rtol, atol)}\nHint: {meaning}", pattern
 

@@ -1,7 +1,9 @@
-"""utils.parallel.frontier.context_parallel: ring attention on 2 and 4 gloo ranks equals SDPA on one process (outputs and
-dq, dk, dv), causal or not, contiguous or zigzag; shard/unshard round-trips; the causal work per rank (zigzag
-balanced, contiguous P times apart) and that the ring computes exactly that; grouped-query heads; subgroups; the
-cost model against its step-by-step simulation; bad inputs raise ValueError."""
+"""utils.parallel.frontier.context_parallel: ring attention on 2, 3 and 4 gloo ranks equals SDPA on one process
+(outputs and dq, dk, dv), causal or not, contiguous or zigzag; on 3 ranks, the smallest ring whose two neighbours
+differ, every send goes right and every receive comes from the left, the bytes sent are the cost model's, and the
+dK/dV hop overlaps the next step's compute; shard/unshard round-trips; the causal work per rank (zigzag balanced,
+contiguous P times apart) and that the ring computes exactly that; grouped-query heads; subgroups; the cost model,
+forward and backward, against its step-by-step simulation; bad inputs raise ValueError."""
 
 import math
 
@@ -12,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.parallel import value_error_messages
-from utils.dist import launch
+from utils.dist import WorkerError, launch
 from utils.parallel.frontier.context_parallel import (
     chunk_ids,
     min_local_seq_to_hide,
@@ -59,6 +61,118 @@ def test_ring_attention_equals_sdpa_outputs_and_gradients_fp64(world_size, layou
     for name, i in (("out", 0), ("dq", 1), ("dk", 2), ("dv", 3)):
         got = unshard_sequence([r[i] for r in per_rank], layout)
         torch.testing.assert_close(got, expected[i], rtol=1e-10, atol=1e-12, msg=f"{name} differs from SDPA")
+
+
+def _recorded(rank, world_size, seq, layout, dtype):
+    """_ring (causal) with every point-to-point op checked as it is posted, and the ring's events recorded.
+
+    A ring sends to rank r + 1 and receives from rank r - 1, K/V (tag 0) and dK/dV (tag 1) alike: an op to or
+    from any other rank raises at once, naming the rank, instead of leaving the ranks waiting on each other.
+    Returns the events in order: ("post", phase, tag, bytes sent), ("wait", phase, tag), ("compute", phase).
+    """
+    import torch.distributed as dist
+
+    import utils.parallel.frontier.context_parallel as cp
+
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    events, phase = [], ["forward"]
+    post, scores = dist.batch_isend_irecv, cp._scores
+
+    class Logged:
+        def __init__(self, work, tag):
+            self.work, self.tag = work, tag
+
+        def wait(self):
+            events.append(("wait", phase[0], self.tag))
+            return self.work.wait()
+
+    def checked(ops):
+        for op in ops:
+            sends = op.op is dist.isend
+            what = {0: "K/V block", 1: "dK/dV accumulators"}.get(op.tag, f"tag {op.tag}")
+            want = right if sends else left
+            if op.peer != want:
+                raise AssertionError(
+                    f"rank {rank} of {world_size} {'sends its' if sends else 'receives a'} {what} "
+                    f"{'to' if sends else 'from'} rank {op.peer}, but a ring sends to rank r + 1 = {right} and "
+                    f"receives from rank r - 1 = {left} (2 ranks cannot show this: there both neighbours are one rank)")
+        sent = sum(op.tensor.numel() * op.tensor.element_size() for op in ops if op.op is dist.isend)
+        events.append(("post", phase[0], ops[0].tag, sent))
+        return [Logged(w, ops[0].tag) for w in post(ops)]
+
+    def computing(*args):
+        events.append(("compute", phase[0]))
+        return scores(*args)
+
+    dist.batch_isend_irecv, cp._scores = checked, computing  # this forked worker's copies only
+    q, k, v, d_out = (shard_sequence(t, rank, world_size, layout) for t in _qkv_grad(seq, dtype))
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    out = ring_attention(q, k, v, causal=True, layout=layout)
+    phase[0] = "backward"
+    out.backward(d_out)
+    return events, [out.detach(), q.grad, k.grad, v.grad]
+
+
+def _launch_three(seq, layout, dtype):
+    """_recorded on 3 ranks, failing within seconds, with a reason, if the ranks wait on each other."""
+    try:
+        return launch(_recorded, 3, seq, layout, dtype, timeout=20)
+    except TimeoutError as error:
+        pytest.fail("ring attention on 3 ranks hung for 20 s: a send that no rank receives, or a receive that no "
+                    "rank sends (a ring shifted the wrong way on one side?)\n" + str(error).splitlines()[0])
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_a_ring_of_three_sends_right_receives_from_the_left_and_equals_sdpa_on_every_rank(layout):
+    """3 ranks is the smallest ring where the right and left neighbours differ: with 2 a ring sent the wrong way is
+    invisible. A misdirected op fails at once (_recorded), and each rank's rows are checked by name."""
+    seq = 36
+    per_rank = _launch_three(seq, layout, torch.float64)
+    expected = [shard for shard in _sdpa(seq, True, torch.float64)]
+    for rank, (_, got) in enumerate(per_rank):
+        for name, g, e in zip(("out", "dq", "dk", "dv"), got, expected):
+            torch.testing.assert_close(g, shard_sequence(e, rank, 3, layout), rtol=1e-10, atol=1e-12,
+                                       msg=lambda m, name=name, rank=rank: f"rank {rank} of 3, {name}: {m}")
+
+
+def test_the_checked_ring_names_a_misdirected_send_at_once():
+    """The direction check itself: a worker whose ring is turned round fails in seconds, naming the rank."""
+    def turned(rank, world_size):
+        import utils.parallel.frontier.context_parallel as cp
+
+        info = cp._ring_info
+        cp._ring_info = lambda group: (lambda p, r, right, left: (p, r, left, right))(*info(group))
+        return _recorded(rank, world_size, 12, "contiguous", torch.float64)
+
+    with pytest.raises(WorkerError, match=r"rank \d of 3 sends its K/V block to rank \d, but a ring sends to"):
+        launch(turned, 3, timeout=20)
+
+
+def test_backward_traffic_is_kv_in_its_dtype_and_fp32_accumulators_three_times_the_forward_for_bf16():
+    seq, p = 36, 3
+    per_rank = _launch_three(seq, "zigzag", torch.bfloat16)
+    kv_bytes, _ = ring_step_costs(seq // p, H, H, D, batch=B, element_size=2)
+    step_bytes, _ = ring_step_costs(seq // p, H, H, D, batch=B, element_size=2, backward=True)
+    for rank, (events, _) in enumerate(per_rank):
+        sent = {(phase, tag): [e[3] for e in events if e[:3] == ("post", phase, tag)]
+                for phase in ("forward", "backward") for tag in (0, 1)}
+        assert sent["forward", 0] == [kv_bytes] * (p - 1) and not sent["forward", 1], rank  # bf16 K and V
+        assert sent["backward", 0] == [kv_bytes] * (p - 1), rank  # K and V again, still bf16
+        assert sent["backward", 1] == [2 * kv_bytes] * p, rank  # dK, dV in fp32, P hops to come home
+        assert kv_bytes + 2 * kv_bytes == step_bytes == 3 * kv_bytes
+
+
+def test_each_dkv_hop_but_the_last_is_waited_on_only_after_the_next_steps_compute():
+    per_rank = _launch_three(36, "zigzag", torch.float64)  # zigzag: every rank computes at every step
+    for rank, (events, _) in enumerate(per_rank):
+        backward = [e for e in events if e[1] == "backward"]
+        posts = [i for i, e in enumerate(backward) if e[0] == "post" and e[2] == 1]
+        waits = [i for i, e in enumerate(backward) if e[0] == "wait" and e[2] == 1]
+        assert len(posts) == 3 and len(waits) == 2 * 3, rank  # a send and a receive per hop
+        for hop, start in enumerate(posts[:-1]):
+            first_wait = min(i for i in waits if i > start)
+            overlapped = [e for e in backward[start:first_wait] if e[0] == "compute"]
+            assert overlapped, f"rank {rank}: dK/dV hop {hop} was waited on before any compute ran behind it"
 
 
 def test_ring_attention_fp32_on_two_ranks_within_fp32_tolerance():
@@ -141,6 +255,8 @@ def test_shard_sequence_rejects_lengths_the_layout_cannot_split(seq, world_size,
     lambda: unshard_sequence([torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 3, 2)], "contiguous"),
     lambda: ring_attention_work(10, 3, "zigzag"),
     lambda: ring_step_costs(8, 6, 4, 64),
+    lambda: ring_step_costs(8, 8, 8, 64, backward=True, grad_element_size=3),
+    lambda: min_local_seq_to_hide(8, 8, 1e15, 1e11, backward=True, grad_element_size=0),
     lambda: min_local_seq_to_hide(8, 8, 1e15, 0.0),
     lambda: min_local_seq_to_hide(8, 8, 1e15, 1e11, compute_fraction=1.5),
     lambda: ring_attention_seconds(16, 2, 8, 8, 64, 1e15, 1e11, latency_s=-1.0),
@@ -209,6 +325,28 @@ def test_ring_step_costs_and_the_overlap_threshold():
     assert min_local_seq_to_hide(32, 8, rate, bw, compute_fraction=0.5) == 2 * n_star
 
 
+def test_backward_step_costs_and_threshold_by_hand():
+    # n = 1024 tokens, 32 query and 8 KV heads of 128, bf16 K/V, fp32 dK/dV: (2 + 4) bytes per element of K and V.
+    byt, flops = ring_step_costs(1024, heads=32, kv_heads=8, head_dim=128, backward=True)
+    assert byt == 2 * 8 * 1024 * 128 * (2 + 4) == 3 * ring_step_costs(1024, 32, 8, 128)[0]
+    assert flops == 10 * 32 * 1024 ** 2 * 128 == 2.5 * ring_step_costs(1024, 32, 8, 128)[1]
+    assert ring_step_costs(1024, 32, 8, 128, backward=True, grad_element_size=2)[0] == 2 * 8 * 1024 * 128 * 4
+    rate, bw = 1e15, 50e9
+    n_fwd, n_bwd = min_local_seq_to_hide(32, 8, rate, bw), min_local_seq_to_hide(32, 8, rate, bw, backward=True)
+    assert n_bwd == (2 + 4) * rate * 8 / (5 * 32 * bw) and math.isclose(n_bwd / n_fwd, 1.2)
+    assert math.isclose(min_local_seq_to_hide(32, 8, rate, bw, backward=True, grad_element_size=2) / n_fwd, 0.8)
+    step_bytes, step_flops = ring_step_costs(round(n_bwd), 32, 8, 128, backward=True)
+    assert math.isclose(step_bytes / bw, step_flops / rate, rel_tol=1e-3)  # the threshold: both take as long
+
+
+def test_backward_simulation_by_hand_on_two_ranks():
+    # P = 2, non-causal, 1 head of 1 dim, 1 token per rank, bf16 (e = 2) and fp32 accumulators (4): K/V 4 bytes,
+    # dK/dV 8. Step 0 carries K/V (4 B), step 1 the step-0 accumulators (8 B), then the last hop (8 B) alone.
+    kw = dict(heads=1, kv_heads=1, head_dim=1, flops_per_s=10.0, bandwidth_bytes_per_s=1.0, causal=False)
+    assert ring_attention_seconds(2, 2, **kw) == max(4 / 10, 4.0) + 4 / 10
+    assert ring_attention_seconds(2, 2, backward=True, **kw) == max(10 / 10, 4.0) + max(10 / 10, 8.0) + 8.0
+
+
 def _work_done(rank, world_size, seq, layout):
     """Score entries ring_attention's forward computes on this rank, recorded from its block products."""
     import utils.parallel.frontier.context_parallel as cp
@@ -230,7 +368,7 @@ def _work_done(rank, world_size, seq, layout):
 def test_ring_attention_computes_the_work_ring_attention_work_counts(layout):
     seq, p = 24, 3
     expected = ring_attention_work(seq, p, layout)
-    for rank, done in enumerate(launch(_work_done, p, seq, layout, timeout=60)):
+    for rank, done in enumerate(launch(_work_done, p, seq, layout, timeout=30)):
         assert done == [w for w in expected[rank] if w], rank  # fully masked blocks are skipped, not computed
 
 
@@ -285,21 +423,28 @@ def test_grouped_query_ring_attention_equals_sdpa_with_gqa(layout):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("backward", [False, True])
 @pytest.mark.parametrize("layout, causal, fraction", [
     ("contiguous", False, 1.0),
     ("contiguous", True, 1.0),  # causal, but at every step some rank computes a full block: no slack gained
     ("zigzag", True, 0.5),      # every step after the first is half a block: the transfer needs twice the tokens
 ])
-def test_simulated_ring_hides_the_transfer_exactly_above_the_closed_form_threshold(layout, causal, fraction):
-    """H100 SXM (bf16 dense peak, NVLink per direction) with Llama-3-405B-like heads: 128 query, 8 KV heads."""
+def test_simulated_ring_hides_the_transfer_exactly_above_the_closed_form_threshold(layout, causal, fraction,
+                                                                                   backward):
+    """H100 SXM (bf16 dense peak, NVLink per direction) with Llama-3-405B-like heads: 128 query, 8 KV heads.
+
+    The backward's last dK/dV hop has nothing to hide behind: above the threshold it is all that is exposed."""
     from utils.gpu.hardware import spec
 
     h100 = spec("H100-SXM")
     rate, bw, p = h100.flops("bf16"), h100.nvlink_bandwidth / 2, 4
-    args = dict(world_size=p, heads=128, kv_heads=8, head_dim=128, flops_per_s=rate, layout=layout, causal=causal)
-    n_star = min_local_seq_to_hide(128, 8, rate, bw, compute_fraction=fraction)
-    assert math.isclose(n_star, 2 * rate * 8 / (2 * fraction * 128 * bw))
+    args = dict(world_size=p, heads=128, kv_heads=8, head_dim=128, flops_per_s=rate, layout=layout, causal=causal,
+                backward=backward)
+    n_star = min_local_seq_to_hide(128, 8, rate, bw, compute_fraction=fraction, backward=backward)
+    per_element = 2 * (2 + 4) / 10 if backward else 2 * 2 / 4  # bytes per FLOP coefficient: 2 (e + e_grad) / 10, 2e / 4
+    assert math.isclose(n_star, per_element * rate * 8 / (fraction * 128 * bw))
     for n in (2 * math.floor(n_star / 2) - 8, 2 * math.ceil(n_star / 2) + 8):  # just below, just above (even n)
         with_link = ring_attention_seconds(p * n, bandwidth_bytes_per_s=bw, **args)
         free_link = ring_attention_seconds(p * n, bandwidth_bytes_per_s=1e30, **args)
-        assert (with_link == free_link) == (n > n_star), n
+        last_hop = 2 * 8 * n * 128 * 4 / bw if backward else 0.0
+        assert math.isclose(with_link - free_link, last_hop, rel_tol=1e-9, abs_tol=1e-15) == (n > n_star), n

@@ -14,7 +14,13 @@ keeping the log-sum-exp ``L = m + log l`` for backward. The backward is
 FlashAttention-2's (Dao 2023, arXiv:2307.08691, Algorithm 2) block by block:
 ``P = exp(S - L)``, ``D = rowsum(dO * O)``, ``dS = P * (dO V^T - D)``; dQ stays
 home while K, V and their gradient accumulators dK, dV travel the ring, and
-after ``P`` hops the accumulators arrive back at the rank that owns them.
+after ``P`` hops the accumulators arrive back at the rank that owns them. K and
+V travel in their own dtype, the accumulators in the accumulation dtype (fp32
+for bf16, as ring-flash-attention keeps them). A step computes its block's
+share of dK, dV into a fresh buffer while the block's accumulator is still on
+its way from the left neighbour, and waits for it only to add the two, so each
+dK/dV hop overlaps the next step's compute; only the last hop, which brings the
+accumulators home, has nothing left to hide behind.
 
 Causal masking needs each token's global position, which depends on how the
 sequence was sharded (:data:`LAYOUTS`): ``"contiguous"`` gives rank ``r`` tokens
@@ -26,10 +32,11 @@ keys that no row sees, are skipped, so ring attention computes the score
 entries :func:`ring_attention_work` counts. With grouped-query attention only
 the KV heads travel.
 
-The cost model: a step sends ``2 b h_kv n d e`` bytes and computes up to
-``4 b h n^2 d`` FLOPs (:func:`ring_step_costs`); the transfer hides once
-``n`` passes :func:`min_local_seq_to_hide`, which :func:`ring_attention_seconds`
-checks step by step.
+The cost model: a forward step sends ``2 b h_kv n d e`` bytes and computes up
+to ``4 b h n^2 d`` FLOPs; a backward step sends K, V and the accumulators,
+``2 b h_kv n d (e + e_grad)`` bytes, and computes ``10 b h n^2 d``
+(:func:`ring_step_costs`); the transfer hides once ``n`` passes
+:func:`min_local_seq_to_hide`, which :func:`ring_attention_seconds` checks step by step.
 """
 
 from __future__ import annotations
@@ -163,29 +170,42 @@ def _active_count(q_ranges: list[tuple[int, int]], k_ranges: list[tuple[int, int
 
 
 def ring_step_costs(local_seq: int, heads: int, kv_heads: int, head_dim: int, batch: int = 1,
-                    element_size: int = 2) -> tuple[float, float]:
-    """``(bytes, flops)`` of one full ring step on one rank: the K/V block it sends, the forward FLOPs it computes.
+                    element_size: int = 2, backward: bool = False, grad_element_size: int = 4) -> tuple[float, float]:
+    """``(bytes, flops)`` of one full ring step on one rank: what it sends, what it computes.
 
-    bytes ``= 2 b h_kv n d e`` (K and V of ``n = S/P`` tokens, ``h_kv`` KV heads,
-    ``e`` bytes per element); FLOPs ``= 4 b h n^2 d`` (``QK^T`` and ``PV``). A
-    causal zigzag step other than the first computes half of that.
+    Forward: bytes ``= 2 b h_kv n d e`` (K and V of ``n = S/P`` tokens, ``h_kv``
+    KV heads, ``e`` bytes per element); FLOPs ``= 4 b h n^2 d`` (``QK^T`` and ``PV``).
+    Backward (``backward=True``): K and V again plus the dK, dV accumulators,
+    which :func:`ring_attention` sends in the accumulation dtype
+    (``grad_element_size``, 4 for fp32): bytes ``= 2 b h_kv n d (e + e_grad)``,
+    three times the forward's for bf16; FLOPs ``= 10 b h n^2 d``, the five block
+    products of FlashAttention-2's backward (``QK^T`` again, ``dV``, ``dP``,
+    ``dQ``, ``dK``), 2.5 times the forward's. A causal zigzag step other than the
+    first computes half of that.
     """
     n, h = check_positive_int("local_seq", local_seq), check_positive_int("heads", heads)
     hkv, d = check_positive_int("kv_heads", kv_heads), check_positive_int("head_dim", head_dim)
     b, e = check_positive_int("batch", batch), check_element_size(element_size)
+    e_grad = check_element_size(grad_element_size)
     if h % hkv:
         raise ValueError(f"heads ({h}) must be a multiple of kv_heads ({hkv}) (grouped-query attention)")
+    if backward:
+        return float(2 * b * hkv * n * d * (e + e_grad)), float(10 * b * h * n * n * d)
     return float(2 * b * hkv * n * d * e), float(4 * b * h * n * n * d)
 
 
 def min_local_seq_to_hide(heads: int, kv_heads: int, flops_per_s: float, bandwidth_bytes_per_s: float,
-                          element_size: int = 2, compute_fraction: float = 1.0) -> float:
-    """Tokens per rank above which a ring step's K/V transfer hides behind its attention compute.
+                          element_size: int = 2, compute_fraction: float = 1.0, backward: bool = False,
+                          grad_element_size: int = 4) -> float:
+    """Tokens per rank above which a ring step's transfer hides behind its attention compute.
 
-    Setting ``2 b h_kv n d e / B = f * 4 b h n^2 d / R`` (bytes over link
-    bandwidth ``B`` equal to FLOPs over rate ``R``, of which a fraction ``f``
-    is computed: 1 non-causal, 1/2 for a causal zigzag step) gives
-    ``n* = e R h_kv / (2 f h B)``; batch and head_dim cancel. Multiply by ``P``
+    Forward: setting ``2 b h_kv n d e / B = f * 4 b h n^2 d / R`` (bytes over
+    link bandwidth ``B`` equal to FLOPs over rate ``R``, of which a fraction
+    ``f`` is computed: 1 non-causal, 1/2 for a causal zigzag step) gives
+    ``n* = e R h_kv / (2 f h B)``. Backward (``backward=True``, the bytes and
+    FLOPs of :func:`ring_step_costs`): ``2 b h_kv n d (e + e_grad) / B = f * 10 b h n^2 d / R``
+    gives ``n* = (e + e_grad) R h_kv / (5 f h B)``, 1.2 times the forward's for
+    bf16 with fp32 accumulators. Batch and head_dim cancel. Multiply by ``P``
     for the sequence length.
     """
     h, hkv = check_positive_int("heads", heads), check_positive_int("kv_heads", kv_heads)
@@ -194,31 +214,43 @@ def min_local_seq_to_hide(heads: int, kv_heads: int, flops_per_s: float, bandwid
     f = check_positive("compute_fraction", compute_fraction, finite=True)
     if f > 1:
         raise ValueError(f"compute_fraction must be in (0, 1], got {f}")
-    return check_element_size(element_size) * rate * hkv / (2 * f * h * bw)
+    e, e_grad = check_element_size(element_size), check_element_size(grad_element_size)
+    if backward:
+        return (e + e_grad) * rate * hkv / (5 * f * h * bw)
+    return e * rate * hkv / (2 * f * h * bw)
 
 
 def ring_attention_seconds(seq_len: int, world_size: int, heads: int, kv_heads: int, head_dim: int,
                            flops_per_s: float, bandwidth_bytes_per_s: float, layout: str = "contiguous",
                            causal: bool = True, batch: int = 1, element_size: int = 2,
-                           latency_s: float = 0.0) -> float:
-    """Forward time of ring attention, simulated step by step with the next block's transfer overlapped.
+                           latency_s: float = 0.0, backward: bool = False, grad_element_size: int = 4) -> float:
+    """Time of ring attention's forward (or ``backward``), simulated step by step with the transfers overlapped.
 
     Step ``t`` takes ``max(compute, transfer)``: compute is the slowest rank's
-    :func:`ring_attention_work` at that step times ``4 b h d`` FLOPs over
-    ``flops_per_s``; transfer is one K/V block (:func:`ring_step_costs`) over
-    ``bandwidth_bytes_per_s`` plus ``latency_s``, on the first ``P - 1`` steps
-    only. The closed form :func:`min_local_seq_to_hide` says when transfer never wins.
+    :func:`ring_attention_work` at that step times ``4 b h d`` FLOPs (backward:
+    ``10 b h d``) over ``flops_per_s``; transfer is what the link carries during
+    the step over ``bandwidth_bytes_per_s``, plus ``latency_s``: the next K/V
+    block on the first ``P - 1`` steps, and in the backward also the previous
+    step's dK/dV accumulators (``grad_element_size`` bytes each) on the last
+    ``P - 1`` steps. The backward ends with one more dK/dV hop, exposed: it
+    brings the accumulators home. The closed form :func:`min_local_seq_to_hide`
+    says when transfer never wins a step.
     """
     work = ring_attention_work(seq_len, world_size, layout, causal)  # validates seq_len, world_size, layout
     p = world_size
     kv_bytes, _ = ring_step_costs(seq_len // p, heads, kv_heads, head_dim, batch, element_size)
+    grad_bytes = kv_bytes * check_element_size(grad_element_size) / element_size if backward else 0.0
     rate = check_positive("flops_per_s", flops_per_s, finite=True)
     bw = check_positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s, finite=True)
     latency = float(check_nonnegative("latency_s", latency_s, finite=True))
+    flops_per_entry = (10 if backward else 4) * batch * heads * head_dim
     total = 0.0
     for t in range(p):
-        compute = max(w[t] for w in work) * 4 * batch * heads * head_dim / rate
-        total += max(compute, kv_bytes / bw + latency if t < p - 1 else 0.0)
+        compute = max(w[t] for w in work) * flops_per_entry / rate
+        nbytes = (kv_bytes if t < p - 1 else 0.0) + (grad_bytes if t > 0 else 0.0)
+        total += max(compute, nbytes / bw + latency if nbytes else 0.0)
+    if grad_bytes and p > 1:
+        total += grad_bytes / bw + latency  # the last dK/dV hop: nothing is left to compute behind it
     return total
 
 
@@ -304,30 +336,38 @@ class RingAttention(torch.autograd.Function):
         qa, do, g = q.to(acc_dtype), d_out.to(acc_dtype), q.shape[1] // k.shape[1]
         delta = (do * out.to(acc_dtype)).sum(-1)  # D = rowsum(dO * O)
         dq = torch.zeros_like(qa)
-        kv = torch.stack([k, v]).to(acc_dtype).contiguous()
-        dkv = torch.zeros_like(kv)  # the accumulators travel with their block
+        kv = torch.stack([k, v]).contiguous()  # K/V travel in their own dtype, as in the forward
+        dkv, d_works = None, []  # the accumulators of the block held now (acc_dtype), and their hop in flight
         for t in range(p):
             kv_works = []
-            if t < p - 1:  # K/V can leave at once; dK/dV only once this step has added to them
+            if t < p - 1:  # K/V can leave at once
                 nxt, kv_works = _start_ring_send(kv, group, right, left, tag=0)
             src = (r - t) % p
+            part = torch.zeros(kv.shape, dtype=acc_dtype, device=q.device)  # this step's share of the block's dK, dV
             act = _active(pos[r].cpu(), pos[src].cpu(), causal)
             if act is not None:
                 rows, cols = (i.to(q.device) for i in act)
-                kc, vc = (_heads(x.index_select(2, cols), g) for x in kv)
-                s = _scores(qa, _heads(kv[0], g), rows, cols, pos[r], pos[src], causal, scale)
+                kva = kv.to(acc_dtype)
+                kc, vc = (_heads(x.index_select(2, cols), g) for x in kva)
+                s = _scores(qa, _heads(kva[0], g), rows, cols, pos[r], pos[src], causal, scale)
                 pr = torch.exp(s - lse[:, :, rows, None])  # P recomputed from the saved log-sum-exp
                 do_r = do.index_select(2, rows)
-                dkv[1].index_add_(2, cols, _fold(pr.transpose(-2, -1) @ do_r, g))
+                part[1].index_add_(2, cols, _fold(pr.transpose(-2, -1) @ do_r, g))
                 ds = pr * (do_r @ vc.transpose(-2, -1) - delta[:, :, rows, None])
                 dq.index_add_(2, rows, ds @ kc * scale)
-                dkv[0].index_add_(2, cols, _fold(ds.transpose(-2, -1) @ qa.index_select(2, rows) * scale, g))
-            if p > 1:  # K/V hop P - 1 times; the accumulators P times, which brings them home
-                dkv, works = _start_ring_send(dkv, group, right, left, tag=1)
-                for w in works + kv_works:
-                    w.wait()
+                part[0].index_add_(2, cols, _fold(ds.transpose(-2, -1) @ qa.index_select(2, rows) * scale, g))
+            for w in d_works:  # the block's accumulator, sent by the left neighbour after its step t - 1
+                w.wait()
+            dkv = part if t == 0 else dkv.add_(part)
+            if p > 1:  # waited on after the next step's compute, so the hop overlaps it; P hops bring it home
+                sent = dkv  # held until the next step has waited on its send
+                dkv, d_works = _start_ring_send(sent, group, right, left, tag=1)
+            for w in kv_works:
+                w.wait()
             if t < p - 1:
                 kv = nxt
+        for w in d_works:  # the last hop: nothing is left to compute behind it
+            w.wait()
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None
 
 
