@@ -201,3 +201,20 @@ def test_frames_share_one_math_text_parser_and_its_cache():
     assert first.canvas.get_renderer().mathtext_parser is second.canvas.get_renderer().mathtext_parser
     assert between - before >= 3 and misses() - between <= 1, (before, between, misses())
     plt.close("all")
+
+
+def test_inside_frame_dpi_even_a_plot_functions_own_layout_shares_the_parser():
+    """tight_layout in a plot function measures text before render_png draws: the renderers made inside
+    frame_dpi get the shared parser from the start; outside it, Matplotlib's own behaviour is back."""
+    def laid_out():
+        fig, ax = plt.subplots(figsize=(3, 2))
+        ax.loglog([1, 1e5], [1, 1e5])
+        fig.tight_layout()
+        return fig
+
+    with frame_dpi(38):
+        first, second = laid_out(), laid_out()
+    assert first.canvas.get_renderer().mathtext_parser is second.canvas.get_renderer().mathtext_parser
+    outside = laid_out()
+    assert outside.canvas.get_renderer().mathtext_parser is not first.canvas.get_renderer().mathtext_parser
+    plt.close("all")

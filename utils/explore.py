@@ -31,11 +31,12 @@ the widget says in one line which controls move on the page.
 from __future__ import annotations
 
 
+import contextlib
 import inspect
 import math
 from dataclasses import dataclass
 from numbers import Integral, Real
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 _EMPTY = inspect.Parameter.empty
 
@@ -273,24 +274,50 @@ def frame_bbox(fig: Any, pad_inches: float = 0.1) -> Any:
     return fig.get_tightbbox(fig.canvas.get_renderer()).padded(pad_inches)
 
 
-def frame_dpi(dpi: int) -> Any:
+@contextlib.contextmanager
+def frame_dpi(dpi: int) -> Iterator[None]:
     """A context in which new figures are made at ``dpi`` (``rcParams["figure.dpi"]``).
 
     :func:`utils.viz.explore` calls the plot function inside it, so that the layout a plot
     function computes (``tight_layout``) and :func:`render_png`'s one draw use the same
     renderer and its text measurements; render a frame yourself inside it to get its bytes.
+
+    The Agg renderers made inside it also share one math-text parser (see
+    :func:`_shared_mathtext_parser`).
     """
     import matplotlib
+    from matplotlib.backends import backend_agg
 
-    return matplotlib.rc_context({"figure.dpi": dpi})
+    make_parser = getattr(backend_agg, "MathTextParser", None)  # what RendererAgg.__init__ calls
+    with matplotlib.rc_context({"figure.dpi": dpi}):
+        if make_parser is None or make_parser is _shared_parser_of_type:
+            yield
+            return
+        backend_agg.MathTextParser = _shared_parser_of_type
+        try:
+            yield
+        finally:
+            backend_agg.MathTextParser = make_parser
 
 
 _SHARED_MATHTEXT_PARSERS: dict[str, Any] = {}
 
 
 def _shared_mathtext_parser(parser: Any) -> Any:
-    """The first math-text parser seen of ``parser``'s output type: frames share it, and its parse cache."""
+    """The first math-text parser seen of ``parser``'s output type, which frames share.
+
+    Matplotlib caches parsed math text (the ``10^n`` labels of every log axis) per parser,
+    and every new figure gets a new renderer with a parser of its own: the frames of a
+    widget, all new figures, would parse the same labels again and again.
+    """
     return _SHARED_MATHTEXT_PARSERS.setdefault(getattr(parser, "_output_type", type(parser).__name__), parser)
+
+
+def _shared_parser_of_type(output: str) -> Any:
+    """``MathTextParser(output)``, shared: the stand-in :func:`frame_dpi` gives Matplotlib's Agg backend."""
+    from matplotlib.mathtext import MathTextParser
+
+    return _shared_mathtext_parser(MathTextParser(output))
 
 
 def render_png(fig: Any, dpi: int, colors: int = 64, bbox: Any = None) -> bytes:
@@ -315,8 +342,6 @@ def render_png(fig: Any, dpi: int, colors: int = 64, bbox: Any = None) -> bytes:
         fig.set_dpi(dpi)
     fig.set_facecolor("white")
     try:
-        # Matplotlib caches parsed math text (tick labels such as 10^3 on every log axis) per renderer,
-        # and each new figure gets a new renderer: the frames share one parser, so its cache carries over.
         renderer = canvas.get_renderer()
         renderer.mathtext_parser = _shared_mathtext_parser(renderer.mathtext_parser)
         canvas.draw()
