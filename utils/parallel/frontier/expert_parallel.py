@@ -136,8 +136,7 @@ def node_limited_all_to_all_bytes(tokens: int, hidden: int, top_k: int, world_si
     ``nvlink = T k (g - 1)/g h e`` (``T = tokens``, ``e = element_size``).
     With ``M >= min(k, n)`` the cap does not bind, but a node still receives a
     token once, not once per expert as in :func:`all_to_all_bytes`. The combine
-    retraces the same paths. (Chapter 12's widget charges the bound, ``M``
-    network visits per token, instead of the expected ``M (n - 1)/n``.)
+    retraces the same paths.
     """
     for name, value in (("tokens", tokens), ("hidden", hidden), ("top_k", top_k), ("world_size", world_size),
                         ("ranks_per_node", ranks_per_node), ("max_nodes", max_nodes)):
