@@ -13,6 +13,11 @@ which also fills pip's download cache); then the files are installed in groups w
 at a time, the largest (torch) first. The groups are disjoint, so no two processes write the same files.
 ``pip check`` then confirms that every installed package has what it needs.
 
+The resolution is mostly waiting on the network, one process. Meanwhile torch, pinned in the lock, is
+already installed at its locked version (:func:`early_pins`): after the resolution, if the version the
+resolver chose is the one installed (local label included, ``2.13.0+cpu``), it is not installed again;
+if not (another index, another build), the resolved file replaces it.
+
 If pip cannot write the report (a pip older than 22.2), the plain one-process install runs instead.
 Standard library only: it runs before the venv has anything in it.
 """
@@ -45,6 +50,38 @@ def groups(urls_by_name: dict[str, str], size: int = GROUP_SIZE) -> list[list[st
     return first + [rest[i:i + size] for i in range(0, len(rest), size)]
 
 
+EARLY = ("torch",)
+"""Installed while pip resolves the rest, from their pins in the lock: the longest single install."""
+
+
+def early_pins(lock_text: str, names: tuple[str, ...] = EARLY) -> list[str]:
+    """``name==version`` of each of ``names`` that the lock pins for every platform (a line with no marker).
+
+    A pin behind an environment marker (``; sys_platform == 'linux'``) is left to the resolution.
+    """
+    pins = []
+    for line in lock_text.splitlines():
+        spec = line.split("#", 1)[0].strip()
+        if ";" in spec or "==" not in spec:
+            continue
+        name, version = (part.strip() for part in spec.split("==", 1))
+        if name.lower().replace("_", "-") in names:
+            pins.append(f"{name}=={version}")
+    return pins
+
+
+def resolved_versions(report: dict) -> dict[str, str]:
+    """``{name: version}`` of every package in a ``pip install --report`` (its ``install`` list)."""
+    return {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"] for item in report["install"]}
+
+
+def installed_version(python: str, name: str) -> str | None:
+    """The version of ``name`` installed in ``python``'s environment, or None."""
+    done = subprocess.run([python, "-c", f"import importlib.metadata as m; print(m.version({name!r}))"],
+                          capture_output=True, text=True)
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
 def resolved_files(report: dict) -> dict[str, str]:
     """``{name: url}`` of every package in a ``pip install --report`` (its ``install`` list)."""
     files = {}
@@ -67,14 +104,30 @@ def main(argv: list[str] | None = None) -> int:
     pip = [args.python, "-m", "pip"]
     index = ["--extra-index-url", args.extra_index_url] if args.extra_index_url else []
     what = ["-r", args.requirements, "-c", args.constraints, *index]
+    early_pip = ThreadPoolExecutor(1)  # torch installs while pip resolves the rest
+    try:
+        lock_text = Path(args.constraints).read_text()
+    except OSError:
+        lock_text = ""
+    pins = early_pins(lock_text)
+    early = early_pip.submit(subprocess.call, [*pip, "install", *PIP_FLAGS, "--no-deps", *index, *pins]) if pins \
+        else None
     with tempfile.TemporaryDirectory() as folder:
         report_path = Path(folder) / "report.json"
         resolve = subprocess.run([*pip, "install", *PIP_FLAGS, "--dry-run", "--report", str(report_path), *what])
+        early_ok = early is not None and early.result() == 0
+        early_pip.shutdown()
         if resolve.returncode != 0 or not report_path.is_file():
             print("install_venv: pip could not write a resolution report; installing in one process instead",
                   flush=True)
             return subprocess.call([*pip, "install", *PIP_FLAGS, *what])
-        files = resolved_files(json.loads(report_path.read_text()))
+        report = json.loads(report_path.read_text())
+        files, versions = resolved_files(report), resolved_versions(report)
+    for pin in pins if early_ok else []:
+        name = pin.split("==")[0].lower().replace("_", "-")
+        if name in files and installed_version(args.python, name) == versions[name]:
+            del files[name]  # the resolver chose what is already there
+            print(f"install_venv: {name} {versions[name]} was installed while pip resolved", flush=True)
 
     def install(urls: list[str]) -> int:
         return subprocess.call([*pip, "install", *PIP_FLAGS, "--no-deps", *index, *urls])

@@ -16,8 +16,9 @@ install_venv = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(install_venv)
 
 
-def _report(*names: str) -> dict:
-    return {"install": [{"metadata": {"name": n}, "download_info": {"url": f"https://files/{n}.whl"}} for n in names]}
+def _report(*names: str, versions: dict | None = None) -> dict:
+    return {"install": [{"metadata": {"name": n, "version": (versions or {}).get(n, "1.0")},
+                         "download_info": {"url": f"https://files/{n}.whl"}} for n in names]}
 
 
 def test_the_largest_go_first_and_alone_and_every_package_once():
@@ -32,15 +33,21 @@ def test_the_largest_go_first_and_alone_and_every_package_once():
         install_venv.groups(files, size=0)
 
 
-def _fake_python(tmp_path: Path, report: dict | None) -> tuple[Path, Path]:
-    """A stand-in for the venv's python that logs each pip call and writes ``report`` when asked for one."""
+def _fake_python(tmp_path: Path, report: dict | None, installed: dict | None = None) -> tuple[Path, Path]:
+    """A stand-in for the venv's python that logs each pip call and writes ``report`` when asked for one;
+    asked for a package's version (``-c``), it prints ``installed[name]``."""
     log = tmp_path / "calls.jsonl"
     script = tmp_path / "python"
     script.write_text(f"""#!{sys.executable}
-import json, sys
+import json, re, sys
 args = sys.argv[1:]
 with open({str(log)!r}, "a") as f:
     f.write(json.dumps(args) + "\\n")
+if args[0] == "-c":
+    installed = json.loads({json.dumps(json.dumps(installed or {}))})
+    name = re.search(r"version\\('([^']+)'\\)", args[1]).group(1)
+    print(installed.get(name, ""))
+    sys.exit(0 if name in installed else 1)
 if "--report" in args:
     report = {json.dumps(report)!r}
     if report == "null":
@@ -77,3 +84,27 @@ def test_without_a_report_it_installs_in_one_process(tmp_path, capsys):
     assert "installing in one process instead" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         install_venv.main(["--python", str(python), "-r", "r", "-c", "c", "--jobs", "0"])
+
+
+def test_early_pins_are_the_locked_versions_without_a_marker():
+    lock = ("torch==2.13.0\n    # via -r requirements.txt\ntriton==3.7.1 ; sys_platform == 'linux'\n"
+            "numpy==2.2.6 ; python_full_version < '3.11'\nTorch_Other==1.0\n")
+    assert install_venv.early_pins(lock) == ["torch==2.13.0"]
+    assert install_venv.early_pins(lock, ("triton",)) == []  # behind a marker: left to the resolution
+    assert install_venv.early_pins("") == []
+
+
+@pytest.mark.parametrize("installed, resolved, reinstalled", [
+    ("2.13.0+cpu", "2.13.0+cpu", False),  # the resolver chose what the early install put there
+    ("2.13.0+cpu", "2.13.0+cu130", True),  # another build (another index): the resolved file replaces it
+])
+def test_torch_installs_while_pip_resolves_and_is_not_installed_twice(tmp_path, installed, resolved, reinstalled):
+    lock = tmp_path / "lock.txt"
+    lock.write_text("torch==2.13.0\n    # via -r requirements.txt\nnumpy==2.2.6\n")
+    python, log = _fake_python(tmp_path, _report("torch", "numpy", versions={"torch": resolved}),
+                               installed={"torch": installed})
+    assert install_venv.main(["--python", str(python), "-r", "req.txt", "-c", str(lock)]) == 0
+    installs = [c for c in _calls(log) if c[:3] == ["-m", "pip", "install"] and "--dry-run" not in c]
+    assert ["-m", "pip", "install", *install_venv.PIP_FLAGS, "--no-deps", "torch==2.13.0"] in installs
+    urls = [url for c in installs for url in c if url.startswith("https://")]
+    assert sorted(urls) == sorted(["https://files/numpy.whl"] + (["https://files/torch.whl"] if reinstalled else []))
