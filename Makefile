@@ -233,6 +233,10 @@ student: $(STAMP)
 	rm -rf _build/student
 	$(BIN)/python -m utils.student_edition --out _build/student
 	@echo "Open _build/student/labs in JupyterLab: make lab, or $(BIN)/jupyter lab _build/student/labs"
+	@echo "Warning: every 'make student' and every 'make test' deletes _build/student (rm -rf) and writes it afresh."
+	@echo "Copy the labs to a folder of your own before you work in them, e.g. cp -r _build/student/labs my-labs"
+	@echo "(no make target touches my-labs, and the labs' links to ../../chapters still work from there)."
+	@echo "JupyterLab draws the exercise boxes only with the jupyterlab-myst extension, which the book does not install."
 
 clean:
 	rm -rf _build $(MATHJAX) .cache

@@ -113,3 +113,37 @@ def test_a_single_wrong_number_gets_how_far_off_but_no_pattern():
         hints.assert_close(torch.tensor(0.75), torch.tensor(0.5), lab="post-training-dpo")
     assert info.value.pattern is None
     assert str(info.value).startswith("the value is 0.75, expected 0.5 (off by 0.25, 1.5 times the expected value)")
+
+
+@pytest.mark.parametrize("actual, pattern, text", [
+    ([5, 7, 9], "tail", "token 2 is 9, expected 8 (3 tokens, expected 3)"),
+    ([5, 6, 8], "some", "token 1 is 6, expected 7 (3 tokens, expected 3)"),
+    ([5, 7], "shape", "yours stops after 2 tokens, the expected goes on to 3"),
+    ([5, 7, 8, 1], "shape", "yours goes on past the expected 3 tokens, to 4"),
+    (None, "none", "got None"),
+])
+def test_token_sequences_are_compared_at_the_first_token_that_differs(actual, pattern, text):
+    expected = torch.tensor([5, 7, 8])
+    hints.assert_same_tokens([5, 7, 8], expected)  # a list against a tensor: equal, passes
+    with pytest.raises(hints.CheckFailed) as info:
+        hints.assert_same_tokens(actual, expected, lab="speculative-accept", msg="problem 3")
+    assert info.value.pattern == pattern
+    assert str(info.value).startswith(f"problem 3: {text}\nHint: {hints.TOKENS_SEEN[pattern]}: ")
+    table = hints.MISTAKES["speculative-accept"]
+    assert str(info.value).endswith(table.get(pattern, table["some"]))  # "none" is not listed: the lab's "some"
+
+
+def test_token_ids_are_never_read_as_a_scale_factor():
+    # [2, 6] against [1, 3] is "twice" as numbers, which means nothing for token ids
+    with pytest.raises(hints.CheckFailed) as info:
+        hints.assert_same_tokens([2, 6], [1, 3])
+    assert info.value.pattern == "some" and "factor" not in str(info.value) and "twice" not in str(info.value)
+    with pytest.raises(ValueError, match="unknown lab"):
+        hints.assert_same_tokens([1], [1], lab="nope")
+
+
+def test_part_5_and_the_moe_lab_have_tables_of_their_own():
+    # every check of these labs names a table written for it, not another lab's (issue 32, "Reader experience")
+    for prefix in ("serving-scheduler-", "serving-prefix-", "speculative-", "decode-", "quantise-", "moe-"):
+        tables = [lab for lab in hints.MISTAKES if lab.startswith(prefix)]
+        assert tables and all(hints.MISTAKES[lab] for lab in tables), prefix

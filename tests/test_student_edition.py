@@ -52,6 +52,9 @@ MISTAKES = {
     # the running output not rescaled: the non-causal stage fails first, and its hint is the merge's
     "08-ring-attention": ("ring-lab-forward", "alpha[..., None] * acc.index_select(2, rows)",
                           "acc.index_select(2, rows)", HINT_TABLES["ring-attention"]["some"]),
+    # every full block hashed: a prompt found whole in the cache leaves no token to run (the repeated 72 tokens)
+    "01-a-serving-engine": ("serving-lab-prefix", "usable = (len(tokens) - 1) // self.block_size",
+                            "usable = len(tokens) // self.block_size", HINT_TABLES["serving-prefix-last-token"]["some"]),
 }
 
 

@@ -203,6 +203,133 @@ MISTAKES: dict[str, dict[str, str]] = {
                 "self.release_cached_prefix(request) before you stop admitting. Held hits stay counted as in use "
                 "(the next step's lookup takes them again), and a small pool runs dry: a deadlock.",
     },
+    # Part 5 lab 2, speculative decoding: tokens are compared with assert_same_tokens (no ratios on token ids).
+    "speculative-accept": {
+        "shape": "stop at the first rejection, right after its one residual sample; append the bonus token from "
+                 "p[k] only when all k guesses are kept: 1 to k + 1 tokens.",
+        "tail": "the kept guesses agree, the last token does not: at a rejection sample norm(max(0, p_i - q_i)) "
+                "(not p_i or q_i); after k kept guesses sample p[k]; each with torch.multinomial(probs, 1, "
+                "generator=generator).",
+        "some": "keep x_i when r < p_i(x_i) / q_i(x_i), one r = torch.rand((), generator=generator, "
+                "dtype=torch.float64) per checked guess, drawn before anything else in its step: the same random "
+                "numbers in the same order as the reference.",
+    },
+    "speculative-loop": {
+        "shape": "each step drafts k_step = min(k, len(prompt) + n_new - len(seq) - 1) tokens, so the output "
+                 "ends at exactly n_new new tokens.",
+        "some": "a token differs from the target's greedy one: feed the target, in one call, seq[cached:] + "
+                "proposal and take p from its last k_step + 1 rows; after each step roll both caches back to "
+                "len(seq) - 1 tokens, or a rejected guess's keys and values stay and change every later token.",
+    },
+    "speculative-loop-kept": {
+        "some": "accepted holds, per step, the draft tokens kept: len(emitted) - 1, since the last token emitted "
+                "is the correction or the bonus, never a kept guess.",
+    },
+    "speculative-sampling": {
+        "some": "the samples do not follow the target: at a rejection the residual max(0, p - q) must be "
+                "renormalised, the bonus drawn from p[k], and p, q both at the same temperature (probabilities()).",
+    },
+    # Part 5 lab 3, decode kernels.
+    "decode-merge": {
+        "row_scaled": "divide by the sum of the weights exp(lse - max lse) over the splits, per head.",
+        "nan": "an empty split has lse = -inf: subtract the largest lse, which is finite, so its weight is "
+               "exp(-inf) = 0 (-inf - (-inf) is NaN).",
+        "scaled": "the weights are exp(lse_i - max lse), each split's output times its weight, summed over the "
+                  "splits (dim -2), divided once by the weights' sum.",
+        "some": "weight each split's output by exp(lse_i - max lse) over the splits axis (dim -2 of o_part, -1 of "
+                "lse), sum, divide by the weights' sum.",
+    },
+    "decode-split-kv": {
+        "some": "the block table: the j-th block of a sequence is TABLES[seq * s_ts + j], its slot t at block * "
+                "s_kb + t * s_ks + kv_head * s_kh; split s covers blocks s * per_split up to min((s + 1) * "
+                "per_split, n_blocks), per_split = cdiv(cdiv(length, BLOCK_SIZE), num_splits).",
+        "tail": "the last block is partly filled: mask its slots at or past the length (loads other=0, scores "
+                "-inf).",
+        "nan": "an empty split (the 3-token sequence leaves three of four empty) stores lse = -inf and a finite "
+               "output: divide by 1 where l == 0, not 0 / 0.",
+        "row_scaled": "the running softmax: at every block rescale l and acc by exp(m_old - m_new); store acc / l and "
+                      "lse = m + log(l).",
+        "scaled": "the scores are q . k times sm_scale = 1/sqrt(head_dim), applied once.",
+        "zeros": "store every head of the group (mask the padded rows) at this split's index of O_PART and LSE.",
+    },
+    "decode-int4": {
+        "scaled": "dequantise (q - z) * s with the group's own scale and zero (group k0 // GROUP_SIZE), and add "
+                  "both nibbles' products.",
+        "some": "byte j holds column 2j in its low 4 bits (packed & 0xF) and column 2j + 1 in its high 4 bits "
+                "(packed >> 4): multiply them by x[2j] and x[2j + 1].",
+        "tail": "mask the output rows past N (offs_n < N) in the loads of Q, S, Z and in the store.",
+        "zeros": "store the BLOCK_N outputs of the row: tl.store(Y + row * s_ym + offs_n, acc, mask=offs_n < N).",
+    },
+    # Part 5 lab 4, quantise and serve.
+    "quantise-groups": {
+        "scaled": "the scale per group: s = (max(w_g, 0) - min(w_g, 0)) / (2^bits - 1), the range widened to "
+                  "include 0 (1 where it is 0).",
+        "some": "per group of group_size consecutive columns of a row: s = (max(w_g, 0) - min(w_g, 0)) / (2^bits - "
+                "1), z = round(-min(w_g, 0) / s), q = clamp(round(w / s) + z, 0, 2^bits - 1).",
+        "shape": "scales and zero points are (out_features, in_features // group_size); the levels the shape of "
+                 "w, unpacked.",
+    },
+    "quantise-dequant": {
+        "some": "dequantise (q - z) * s, subtracting the zero point before scaling, each group of group_size "
+                "columns with its own s and z: reshape(out, in // group_size, group_size), then back.",
+        "row_scaled": "each group has its own s and z, not one per row: reshape(out, in // group_size, group_size).",
+    },
+    "quantise-pack": {
+        "some": "two levels per byte, low nibble first: q[:, 0::2] | (q[:, 1::2] << 4).",
+    },
+    "quantise-kv-vectors": {
+        "scaled": "one scale per (token, head) vector: its largest |x| over head_dim, divided by 127 (1 for an "
+                  "all-zero vector).",
+        "some": "one scale per (token, head) vector, the largest |x| over the last axis only (amax(-1)) / 127; "
+                "levels round(x / scale) clamped to [-127, 127], as int8.",
+    },
+    "quantise-kv-cache": {
+        "row_scaled": "read dequantises each vector with its own scale: data.float() * scale[..., None].",
+        "some": "write each token's levels and scales at its slot, data[layer].flatten(0, 1)[slots] = q (a view "
+                "of the cache, written in place), and read them from the same slots.",
+        "zeros": "nothing was written: assign into self.k[layer] and self.v[layer] in place (flatten(0, 1) is a "
+                 "view), not into a copy.",
+    },
+    # Part 2c lab 09, mixture of experts and expert parallelism.
+    "moe-route": {
+        "row_scaled": "renormalise: divide each token's k weights by their sum (the softmax over all E experts "
+                      "comes first, then the top k).",
+        "some": "the softmax over the experts (dim -1), then topk: the k largest probabilities in decreasing order, "
+                "with their experts.",
+    },
+    "moe-loss": {
+        "scaled": "L = N * sum_i f_i P_i: f_i is the number of tokens that chose expert i among their k, divided "
+                  "by the number of tokens (so sum f = k); P_i the mean probability; N once.",
+        "some": "f from every token's k choices (bincount of the chosen experts / tokens), P the mean over tokens of "
+                "the softmax, and only P carries the gradient.",
+        "zeros": "the gradient must flow through P: compute it from the logits in the graph (no detach, no "
+                 "torch.no_grad()); f is a count and may be a constant.",
+    },
+    "moe-capacity": {
+        "some": "GShard's order: every token's first choice, tokens in order, then every token's second choice, "
+                "and so on; each assignment takes its expert's next free slot, and -1 once the expert has C.",
+    },
+    "moe-layer": {
+        "some": "per group: route, the capacity for the group's tokens, the slots; each kept assignment (slot >= "
+                "0) adds weight * expert(x) to its token's output, a dropped one nothing.",
+        "scaled": "weight each expert's output by the router weight of that choice, once.",
+        "zeros": "a gradient is zero: build y out of place (y = y.index_add(0, rows, values)) so autograd sees it.",
+    },
+    "moe-all-to-all": {
+        "some": "forward: all_to_all_single(out, x, output_split_sizes=recv_counts, input_split_sizes=send_counts); "
+                "backward: the same with the two lists swapped, so each row's gradient goes back where it came "
+                "from.",
+        "shape": "out has sum(recv_counts) rows in forward and sum(send_counts) in backward.",
+    },
+    "moe-expert-parallel": {
+        "some": "sort the kept assignments by expert (then slot), count them per expert, exchange the counts, "
+                "dispatch one chunk per destination rank; the combine returns the rows in the order they were "
+                "sent, and y[token] += weight * row.",
+        "scaled": "weight each returned row by its router weight once; the router's gradient is each rank's part, "
+                  "summed over the ranks.",
+        "zeros": "the gradient must reach every rank's inputs: dispatch and combine are AllToAll.apply, in the "
+                 "graph.",
+    },
 }
 """Per lab, the usual cause of each pattern of :func:`diagnose`: the common mistakes of that lab."""
 
@@ -405,3 +532,49 @@ def assert_close(actual: Any, expected: Any, *, rtol: float | None = None, atol:
             raise
         hint, pattern = hint_for(actual, expected, rtol, atol, lab)
         raise CheckFailed(f"{hint}\n\n{error}", hint, pattern) from None
+
+
+TOKENS_SEEN = {
+    "none": "nothing came back",
+    "shape": "one sequence is the other cut short: a different number of tokens",
+    "tail": "only the last token differs",
+    "some": "the sequences part at a token before the last",
+}
+"""How a pattern of :func:`assert_same_tokens` shows: token ids are labels, not numbers, so no ratio is read."""
+
+
+def _tokens(n: int) -> str:
+    return f"{n} token" + ("" if n == 1 else "s")
+
+
+def assert_same_tokens(actual: Any, expected: Any, *, lab: str | None = None, msg: str | None = None) -> None:
+    """Two token sequences (lists or 1-D integer tensors) must be equal, else :class:`CheckFailed` at the first split.
+
+    The pattern is ``"shape"`` when one is a prefix of the other, ``"tail"`` when only the last token differs,
+    ``"some"`` when they part earlier (``"none"`` for None); ``MISTAKES[lab]`` says what it usually means, its
+    ``"some"`` entry standing in for a pattern it does not list. ``msg`` starts the message (which check).
+    """
+    if lab is not None and lab not in MISTAKES:
+        raise ValueError(f"unknown lab {lab!r}; known: {', '.join(sorted(MISTAKES))}")
+    want = [int(t) for t in (expected.tolist() if isinstance(expected, torch.Tensor) else expected)]
+    got = None if actual is None else [int(t) for t in (actual.tolist() if isinstance(actual, torch.Tensor)
+                                                         else actual)]
+    if got == want:
+        return
+    where = f"{msg}: " if msg else ""
+    if got is None:
+        pattern, text = "none", "got None"
+    else:
+        first = next((i for i, (a, e) in enumerate(zip(got, want)) if a != e), min(len(got), len(want)))
+        pattern = "shape" if first == min(len(got), len(want)) else \
+            "tail" if first == len(want) - 1 and len(got) == len(want) else "some"
+        if pattern != "shape":
+            text = f"token {first} is {got[first]}, expected {want[first]} ({_tokens(len(got))}, expected {len(want)})"
+        elif len(got) < len(want):
+            text = f"yours stops after {_tokens(len(got))}, the expected goes on to {len(want)}"
+        else:
+            text = f"yours goes on past the expected {_tokens(len(want))}, to {len(got)}"
+    table = MISTAKES.get(lab, {})
+    meaning = table.get(pattern) or table.get("some")
+    hint = f"{TOKENS_SEEN[pattern]}: {meaning}" if meaning else TOKENS_SEEN[pattern] + "."
+    raise CheckFailed(f"{where}{text}\nHint: {hint}", hint, pattern)
