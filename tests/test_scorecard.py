@@ -33,8 +33,12 @@ TOLERANCE = 5e-4
 machine to far better than this; a change of a calculator moves its pins by more."""
 
 PINNED = {  # calculator: (holdout rows, median |error|, worst |error|, signed median)
-    "planner": (21, 0.2522, 0.6482, -0.2474),
-    "planner_5d": (2, 0.0430, 0.0679, +0.0249),
+    # planner, issue 33 cause 1 (DP traffic): (21, 0.2522, 0.6482, -0.2474) at first; NCCL's one ring per NIC
+    # (COMPUTE_EFFICIENCY refitted 0.54 -> 0.53): (21, 0.1881, 0.3889, -0.1437); DP overlapping compute (refitted
+    # 0.53 -> 0.52): below. planner_5d moves with the refit only: (2, 0.0430, 0.0679, +0.0249) -> (2, 0.0418,
+    # 0.0486, +0.0068) -> below.
+    "planner": (21, 0.1417, 0.4720, -0.0527),
+    "planner_5d": (2, 0.0319, 0.0344, -0.0026),
     "planner_memory": (4, 0.2297, 0.3027, +0.2297),
     "activation_memory": (5, 0.0047, 0.0824, +0.0025),
     "recompute_flops": (2, 0.0126, 0.0226, +0.0100),
@@ -46,7 +50,11 @@ PINNED = {  # calculator: (holdout rows, median |error|, worst |error|, signed m
     "rlhf_flop_share": (1, 0.1667, 0.1667, -0.1667),
     "roofline_kernels": (33, 0.5860, 8.5081, +0.5860),
 }
-PINNED_FIT = {"planner": (10, 0.0394, 0.1292)}  # calculator: (fit rows, median |error|, worst |error|)
+PINNED_FIT = {"planner": (10, 0.0683, 0.1837)}  # calculator: (fit rows, median |error|, worst |error|)
+# planner fit rows (Megatron's Table 1): (10, 0.0394, 0.1292) at first, (10, 0.0518, 0.1938) after NCCL's rings,
+# below after the overlap. The four PP = 1 rows (PyTorch DDP) no longer pay for DP traffic, so their in-sample
+# optimism grew (+13% -> +18% at 1.7B) and the refit lowered the constant, which the large rows feel (-12% -> -15%
+# at 1T).
 
 
 @pytest.fixture(scope="module")

@@ -121,18 +121,21 @@ def cp_ring_hides(model: Model, cluster: Cluster, layout: Layout, cp: int,
     return model.seq_len // cp >= n_star
 
 
-def plan_cp(model: Model, cluster: Cluster, layout: Layout, cp: int = 1, efficiency: float = COMPUTE_EFFICIENCY,
-            dp_overlap: float = 0.0) -> Plan:
+def plan_cp(model: Model, cluster: Cluster, layout: Layout, cp: int = 1,
+            efficiency: float = COMPUTE_EFFICIENCY) -> Plan:
     """:func:`plan` with context parallelism ``cp``: ``layout.dp x tp x pp x cp`` must equal the GPUs.
 
     ``cp = 1`` returns exactly :func:`plan`'s result. The plan gains a
-    ``"CP communication (exposed)"`` time.
+    ``"CP communication (exposed)"`` time. The DP term is :func:`plan`'s on the
+    equivalent layout (``layout.dp_overlap`` decides whether it overlaps), hidden
+    behind the short sequences' compute, before attention's is scaled up: a little
+    conservative.
     """
     short, equivalent = cp_equivalent(model, layout, cp)
     if layout.dp * layout.tp * layout.pp * cp != cluster.n_gpus:
         raise ValueError(f"dp x tp x pp x cp must equal the number of GPUs ({cluster.n_gpus}), got "
                          f"{layout.dp} x {layout.tp} x {layout.pp} x {cp}")
-    base = plan(short, cluster, equivalent, efficiency=efficiency, dp_overlap=dp_overlap)
+    base = plan(short, cluster, equivalent, efficiency=efficiency)
     if cp == 1:
         return base
     time = dict(base.time)
