@@ -135,3 +135,27 @@ def test_working_set_counts_the_heads_a_window_of_programs_spans():
 def test_bad_traffic_arguments_raise(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_tiled_attention_uses_the_given_scale_by_hand():
+    # One query q = 1 (d = 1) over keys (0, 2 ln 3) and values (0, 4), one key per tile, sm_scale 0.5: scores
+    # (0, ln 3), weights (1/4, 3/4), output 3 (the default 1/sqrt(d) = 1 would give weights 1:9 and 3.6).
+    # dO/dq = scale * sum_j p_j (v_j - O) k_j = 0.5 * 3/4 * 1 * 2 ln 3 = 0.75 ln 3.
+    ln3 = math.log(3.0)
+    q = torch.ones(1, 1, 1, 1, dtype=torch.float64, requires_grad=True)
+    k = torch.tensor([0.0, 2 * ln3], dtype=torch.float64).view(1, 1, 2, 1)
+    v = torch.tensor([0.0, 4.0], dtype=torch.float64).view(1, 1, 2, 1)
+    for attend in (attention_reference, lambda *a, **kw: tiled_attention(*a, **kw, block_q=1, block_k=1)):
+        out = attend(q, k, v, sm_scale=0.5)
+        assert out.item() == pytest.approx(3.0)
+        dq, = torch.autograd.grad(out.sum(), q)
+        assert dq.item() == pytest.approx(0.75 * ln3)
+
+
+def test_a_partial_row_tile_counts_as_a_pass_over_k_and_v():
+    # N = 1000 in tiles of 128 rows: 7 full tiles and one of 104, T_r = ceil(1000 / 128) = 8 passes over K and V.
+    n, d = 1000, 64
+    assert attention_hbm_bytes(n, d, block_rows=128)[1] == (2 * n * d + 2 * 8 * n * d) * 2 + 4 * n
+    assert kv_l2_to_sm_bytes(n, d, block_rows=128) == 2 * 8 * n * d * 2
+    # 9 programs in flight over 8 row tiles per head span ceil(8 / 8) + 1 = 2 heads (7 tiles would give 3)
+    assert kv_working_set_bytes(n, d, 9, block_rows=128) == 2 * (2 * n * d * 2)

@@ -110,3 +110,21 @@ def test_rope_angles_land_on_the_requested_device():
     cpu_cos, _ = rope_angles(5, 8)
     assert cpu_cos.device.type == "cpu"
     torch.testing.assert_close(cos.cpu(), cpu_cos)
+
+
+def test_block_normalises_the_mlp_input_with_its_own_gain_by_hand():
+    # dim 2, one head, W_O = 0 so attention adds nothing (h = x); W_1 = W_2 = W_3 = I. x = (1, -1) has RMS 1,
+    # so the MLP sees n = x * ffn_norm = (2, 0) and adds (2 SiLU(2), 0) = (4 / (1 + e^-2), 0): out = (4.5232, -1).
+    # The attention's gain (5, 5) in its place would give n = (5, -5) and a very different output.
+    from utils.attention.llama import Block
+    block = Block(LlamaConfig(dim=2, n_heads=1, n_kv_heads=1, ffn_hidden=2)).double()
+    with torch.no_grad():
+        block.attn_norm.fill_(5.0)
+        block.ffn_norm.copy_(torch.tensor([2.0, 0.0]))
+        block.attn.wo.weight.zero_()
+        for layer in (block.w1, block.w2, block.w3):
+            layer.weight.copy_(torch.eye(2))
+    out = block(torch.tensor([[[1.0, -1.0]]], dtype=torch.float64))
+    silu_2 = 2 / (1 + torch.tensor(-2.0, dtype=torch.float64).exp())
+    torch.testing.assert_close(out, torch.stack([1 + 2 * silu_2, torch.tensor(-1.0, dtype=torch.float64)]).view(1, 1, 2),
+                               rtol=1e-5, atol=1e-5)  # RMSNorm runs in fp32 with eps 1e-6

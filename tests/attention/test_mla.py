@@ -83,3 +83,22 @@ def test_weight_names_cover_every_projection_of_the_layer():
     covered = " ".join(WEIGHT_NAMES)
     for matrix in ("W_DQ", "W_UQ", "W_QR", "W_DKV", "W_KR", "W_UK", "W_UV", "W_O"):
         assert matrix in covered
+
+
+def test_scores_are_scaled_by_the_root_of_d_h_plus_d_h_rope_by_hand():
+    # One head, d_h = d_c = d_c' = 2, d_h^R = 2: identity projections except W_UQ = ln 3 I, and no RoPE part
+    # (W_QR = W_KR = 0). Tokens h = (1, 1) and (1, -1) have RMS 1, so the latents are the tokens themselves.
+    # Token 1's scores against keys (1, 1), (1, -1) are (0, 2 ln 3); over sqrt(d_h + d_h^R) = 2 they are
+    # (0, ln 3), weights (1/4, 3/4), output (1, 1/4 - 3/4). Over sqrt(d_h) alone the weights would be 1 : 3^1.41.
+    mla = MLA(MLAConfig(dim=2, n_heads=1, head_dim=2, kv_lora_rank=2, q_lora_rank=2, rope_head_dim=2)).double()
+    eye = torch.eye(2, dtype=torch.float64)
+    with torch.no_grad():
+        for layer in (mla.w_dkv, mla.w_uk, mla.w_uv, mla.w_dq, mla.w_o):
+            layer.weight.copy_(eye)
+        mla.w_uq.weight.copy_(eye * torch.tensor(3.0, dtype=torch.float64).log())
+        mla.w_qr.weight.zero_()
+        mla.w_kr.weight.zero_()
+    h = torch.tensor([[[1.0, 1.0], [1.0, -1.0]]], dtype=torch.float64)
+    expected = torch.tensor([[[1.0, 1.0], [1.0, -0.5]]], dtype=torch.float64)
+    torch.testing.assert_close(mla(h), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mla.forward_absorbed(h), expected, rtol=1e-5, atol=1e-5)

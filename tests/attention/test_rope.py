@@ -105,3 +105,12 @@ def test_bad_input_raises():
         permute_rows_to_neox(torch.randn(10, 4), 3)
     with pytest.raises(ValueError, match="inv_freq must have shape"):
         rope_angles(3, 8, inv_freq=torch.ones(3))
+
+
+def test_angles_start_at_the_given_position():
+    # head_dim 4, base 100: theta = (1, 100^(-2/4)) = (1, 0.1). Positions 3 and 4 (a decode step after a 3-token
+    # prompt) rotate by (3, 0.3) and (4, 0.4) radians; counting from 0 would give (0, 0) and (1, 0.1).
+    cos, sin = rope_angles(2, 4, base=100.0, start=3)
+    angles = torch.tensor([[3.0, 0.3], [4.0, 0.4]], dtype=torch.float64)
+    torch.testing.assert_close(cos, angles.cos().float())
+    torch.testing.assert_close(sin, angles.sin().float())

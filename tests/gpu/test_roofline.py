@@ -136,3 +136,10 @@ def test_exponentials_take_half_the_matmul_time_at_d128_flashattention3():
         rl.attention_exp_time_ratio(0, 989e12, 3.9e12)
     with pytest.raises(ValueError):
         rl.attention_serial_exp_bound(128, 989e12, -1.0)
+
+
+def test_a_partial_row_tile_still_reads_k_and_v():
+    # S = 1000 in tiles of 128 rows: 7 full tiles and one of 104 rows, so K and V are read ceil(1000/128) = 8
+    # times: (2 + 2 * 8) S d b = 18 * 1000 * 64 * 2 bytes. A sequence shorter than one tile reads them once.
+    assert rl.attention_cost(1000, 64, 2, fused=True, block_rows=128).nbytes == 18 * 1000 * 64 * 2
+    assert rl.attention_cost(100, 64, 2, fused=True, block_rows=128).nbytes == 4 * 100 * 64 * 2

@@ -137,3 +137,13 @@ def test_a_quantised_cache_gives_the_same_tokens_whatever_the_batch(model, kv_fo
                             prefix_caching=True, kv_format=kv_format)
     assert stats.preemptions > 0 and stats.prefix_hit_tokens > 0
     assert together == alone
+
+
+def test_a_request_that_fills_the_whole_cache_exactly_is_served(model):
+    # 8 blocks of 4 hold 32 tokens. A 30-token prompt with 3 new tokens caches 30 + 3 - 1 = 32 (the last token
+    # is returned, never fed back): it fits, and is served as greedy decoding; a fourth new token would need 33.
+    prompt = torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(5)).tolist()
+    out, _ = serve(model, [(prompt, 3)], num_blocks=8, block_size=BLOCK, max_num_batched_tokens=8)
+    assert out == [greedy(model, prompt, 3)]
+    with pytest.raises(ValueError, match="needs 33 cached tokens"):
+        Engine(model, num_blocks=8, block_size=BLOCK, max_num_batched_tokens=8).add_request(prompt, 4)

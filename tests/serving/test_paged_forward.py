@@ -83,3 +83,20 @@ def test_a_quantised_cache_refuses_the_batched_decode_path():
     kv = KVBlocks(model, num_blocks=4, block_size=2, kv_format="int8")
     with pytest.raises(ValueError, match="decode_attention='loop'"):
         forward_segments(model, kv, [Segment((1,), 0, (0,))], decode_attention="batched")
+
+
+def test_each_norm_keeps_its_own_gain():
+    # TinyLlama starts with every RMSNorm gain at 1, where a forward that used one norm's gain for another
+    # could not show; with distinct random gains the paged forward must still equal the model's own.
+    torch.manual_seed(0)
+    model = TinyLlama(LlamaConfig(vocab=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2)).double().eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn_norm.uniform_(0.5, 1.5)
+            block.ffn_norm.uniform_(0.5, 1.5)
+        model.norm.uniform_(0.5, 1.5)
+    tokens = torch.randint(0, 64, (7,)).tolist()
+    logits = forward_segments(model, KVBlocks(model, num_blocks=4, block_size=4), [Segment(tuple(tokens), 0, (2, 0))])
+    with torch.no_grad():
+        reference = model(torch.tensor([tokens]))[0, -1]
+    torch.testing.assert_close(logits[0], reference, atol=1e-12, rtol=0)

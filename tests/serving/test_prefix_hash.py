@@ -63,3 +63,14 @@ def test_bad_arguments_are_refused():
         block_hashes([1, 2], 2, algorithm="md5")
     with pytest.raises(ValueError, match="parent must be a block hash"):
         block_hashes([1, 2], 2, parent=0)
+
+
+@pytest.mark.parametrize("algorithm", ["sha256", "builtin"])
+def test_every_algorithm_chains_so_a_hash_names_the_whole_prefix(algorithm):
+    # Same second block after different first blocks: the second hashes must differ, or a request would
+    # reuse keys and values computed after another prefix. Equal first blocks give equal hashes.
+    a = block_hashes([1, 2, 3, 4, 5, 6, 7, 8], 4, algorithm=algorithm)
+    b = block_hashes([9, 2, 3, 4, 5, 6, 7, 8], 4, algorithm=algorithm)
+    c = block_hashes([1, 2, 3, 4, 0, 0, 0, 0], 4, algorithm=algorithm)
+    assert a[0] != b[0] and a[1] != b[1]
+    assert a[0] == c[0] and a[1] != c[1]

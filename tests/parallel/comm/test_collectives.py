@@ -96,3 +96,34 @@ def test_bad_input_raises():
         ring_all_reduce(torch.ones(3))
     with pytest.raises(ValueError):
         chunk_bounds(5, 0)
+
+
+def _ring_sent_elements(rank, world_size, sizes):
+    real_batch = dist.batch_isend_irecv
+    sent = {numel: [] for numel in sizes}
+    results = []
+
+    try:
+        for numel in sizes:
+            def counting(ops, log=sent[numel]):
+                log.extend(op.tensor.numel() for op in ops if op.op is dist.isend)
+                return real_batch(ops)
+
+            dist.batch_isend_irecv = counting
+            results.append(ring_all_reduce(torch.ones(numel)))
+    finally:
+        dist.batch_isend_irecv = real_batch
+    return sent, results
+
+
+def test_ring_sends_two_n_minus_one_over_n_of_the_buffer():
+    # 12 elements over 3 ranks: chunks of 4 and n - 1 = 2 sends in each phase, so every rank sends
+    # 4 messages of 4 elements, 16 = 2 (n - 1) / n * 12: the bandwidth-optimal volume. An extra
+    # all-gather step still sums correctly but sends 20.
+    # 10 elements: chunks 4, 3, 3; rank 0 sends chunks 0, 2 then 1, 0 (14), ranks 1 and 2 send 13.
+    out = launch(_ring_sent_elements, 3, [12, 10], timeout=60)
+    for rank, (sent, results) in enumerate(out):
+        assert sent[12] == [4, 4, 4, 4], f"rank {rank} sent {sent[12]} elements of a 12-element buffer"
+        for numel, t in zip([12, 10], results):
+            torch.testing.assert_close(t, torch.full((numel,), 3.0))
+    assert [sum(sent[10]) for sent, _ in out] == [14, 13, 13]

@@ -174,3 +174,23 @@ def test_shard_ranges_partition_the_flat_vector(numel, world_size):
 def test_bad_input_raises_value_error(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def _zero1_sgd_step_by_hand(rank, world_size):
+    a = torch.nn.Parameter(torch.tensor([1.0, 2.0, 3.0]))
+    b = torch.nn.Parameter(torch.tensor([10.0, 20.0]))
+    opt = dp.ZeroOneOptimizer([a, b], torch.optim.SGD, lr=0.25)
+    a.grad = torch.full((3,), 2.0 * rank + 1)  # rank 0: 1, rank 1: 3; the average is 2
+    b.grad = torch.full((2,), 2.0 * rank + 1)
+    opt.step()
+    return a.detach().clone(), b.detach().clone(), opt.shard.numel()
+
+
+def test_zero1_steps_on_the_average_of_the_ranks_gradients():
+    # 5 elements over 2 ranks: shards of ceil(5 / 2) = 3 (rank 1's last one is padding). The gradients
+    # 1 and 3 average to 2, so SGD at lr 0.25 moves every weight by -0.5; a sum instead of an
+    # average would move it by -1 (and Adam, scale-free, would hide that).
+    for a, b, shard_numel in launch(_zero1_sgd_step_by_hand, 2, timeout=60):
+        assert shard_numel == 3
+        torch.testing.assert_close(a, torch.tensor([0.5, 1.5, 2.5]))
+        torch.testing.assert_close(b, torch.tensor([9.5, 19.5]))

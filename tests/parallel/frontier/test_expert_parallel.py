@@ -158,3 +158,12 @@ def _two_groups(rank, world_size):
 
 def test_expert_parallel_groups_inside_a_larger_world():
     assert all(launch(_two_groups, 4, timeout=120))
+
+
+def test_node_limited_bytes_when_the_group_has_fewer_nodes_than_max_nodes():
+    # EP 32 on 4 nodes of 8, M = 8, k = 8: a token can reach at most the 4 nodes there are, 3 of them remote,
+    # so 100 tokens of h = 10 in 2 bytes send 100 * 3 * 10 * 2 = 6,000 bytes over the network (counting M = 8
+    # visits would give 12,000), and 100 * 8 * 7/8 * 10 * 2 = 14,000 over NVLink.
+    network, nvlink = ep.node_limited_all_to_all_bytes(100, 10, 8, 32, 8, 8, element_size=2)
+    assert network == pytest.approx(6_000)
+    assert nvlink == pytest.approx(14_000)

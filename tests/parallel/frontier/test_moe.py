@@ -150,3 +150,14 @@ def test_bad_inputs_raise_value_error():
         layer(torch.randn(4, 6))
     with pytest.raises(ValueError, match="multiple of groups"):
         layer(torch.randn(5, 8), groups=2)
+
+
+def test_sigmoid_router_always_renormalises_by_hand():
+    # Affinities s = (0.8, 0.6, 0.2, 0.5): the top-2 are experts 0 and 1, weighted 0.8 / 1.4 = 4/7 and
+    # 0.6 / 1.4 = 3/7 (DeepSeek-V3 eq. 13), whatever renormalize says; unrenormalised would be 0.8 and 0.6.
+    s = torch.tensor([[0.8, 0.6, 0.2, 0.5]], dtype=torch.float64)
+    logits = (s / (1 - s)).log()  # sigmoid(logit(s)) = s
+    for renormalize in (True, False):
+        weights, experts = moe.route(logits, 2, "sigmoid_bias", renormalize=renormalize)
+        assert experts.tolist() == [[0, 1]]
+        torch.testing.assert_close(weights, torch.tensor([[4 / 7, 3 / 7]], dtype=torch.float64))

@@ -101,3 +101,19 @@ def test_bytes_reject_bad_sizes():
         ulysses_bytes_per_gpu(10, 8, 8, 4, 4)
     with pytest.raises(ValueError, match="whole heads"):
         ulysses_bytes_per_gpu(16, 6, 6, 4, 4)
+
+
+def _ulysses_scaled(rank, world_size):
+    two_ln3 = 2 * float(torch.tensor(3.0, dtype=torch.float64).log())
+    q = torch.ones(1, 2, 2, 1, dtype=torch.float64)
+    k = torch.tensor([0.0, two_ln3], dtype=torch.float64).view(1, 1, 2, 1).expand(1, 2, 2, 1)
+    v = torch.tensor([0.0, 4.0], dtype=torch.float64).view(1, 1, 2, 1).expand(1, 2, 2, 1)
+    q, k, v = (shard_sequence(t, rank, world_size) for t in (q, k, v))
+    return ulysses_attention(q, k, v, sm_scale=0.5)
+
+
+def test_ulysses_uses_the_given_softmax_scale():
+    # Two tokens, d = 1, keys (0, 2 ln 3), values (0, 4), q = 1: with sm_scale 0.5 the scores are (0, ln 3), the
+    # weights (1/4, 3/4) and every output 3; SDPA's default 1/sqrt(d) = 1 would give weights (1/10, 9/10), 3.6.
+    for out in launch(_ulysses_scaled, 2, timeout=60):
+        torch.testing.assert_close(out, torch.full((1, 2, 1, 1), 3.0, dtype=torch.float64))

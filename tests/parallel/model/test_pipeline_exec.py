@@ -66,3 +66,14 @@ def test_split_layers_and_piece_count_are_checked():
     assert [len(s) for s in split_layers(_layers(), 3)] == [3, 2, 3]
     with pytest.raises(ValueError, match="n_parts must be between 1"):
         split_layers(_layers(), 9)
+
+
+def test_measured_bubble_fraction_by_hand():
+    # GPipe on p = 2 stages, m = 2 micro-batches, forward and backward 1 s each: every rank is busy 4 s;
+    # rank 1 ends its last backward at 5 s, rank 0 at 6 s. The makespan is the later end, so the bubble is
+    # 1 - 8 / (2 * 6) = 1/3 = (p - 1) / (m + p - 1); the earlier end would give 1 - 8 / 10 = 0.2.
+    from utils.parallel.model.pipeline_exec import StageRun
+    runs = [StageRun(grads={}, loss=0.0, busy_seconds=4.0, end_seconds=6.0),
+            StageRun(grads={}, loss=0.0, busy_seconds=4.0, end_seconds=5.0)]
+    assert measured_bubble_fraction(runs) == pytest.approx(1 / 3)
+    assert measured_bubble_fraction(runs[::-1]) == pytest.approx(1 / 3)

@@ -114,3 +114,20 @@ def test_bad_arguments_raise_value_error():
     messages = launch(_errors, 2, timeout=60)[0]
     assert "at least one (weight, bias) pair" in messages[0]
     assert "seq_dim=3 is out of range" in messages[1]
+
+
+def _gather_by_hand(rank, t):
+    local = torch.tensor([[1.0, 2.0], [3.0, 4.0]])[rank].view(1, 2, 1).requires_grad_(True)
+    full = gather_from_sequence_parallel(local, 1)
+    upstream = torch.tensor([1.0, 10.0, 100.0, 1000.0]).view(1, 4, 1) * (rank + 1)
+    (full * upstream).sum().backward()
+    return full.detach().flatten().tolist(), local.grad.flatten().tolist()
+
+
+def test_gather_from_sequence_parallel_sums_the_ranks_gradients_in_backward():
+    # Each rank's loss reads the whole gathered sequence, so the gradient of rank r's slice is the sum of
+    # every rank's upstream gradient over that slice: rank 0 gets 1 + 2 and 10 + 20, rank 1 300 and 3000.
+    # Splitting the upstream gradient without summing would give rank 0 [1, 10] and rank 1 [200, 2000].
+    out = launch(_gather_by_hand, 2, timeout=60)
+    assert [full for full, _ in out] == [[1.0, 2.0, 3.0, 4.0]] * 2
+    assert [grad for _, grad in out] == [[3.0, 30.0], [300.0, 3000.0]]

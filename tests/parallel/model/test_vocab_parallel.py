@@ -118,3 +118,28 @@ def _shape_error(rank, t):
 
 def test_mismatched_target_raises():
     assert "need a target of shape" in launch(_shape_error, 2, timeout=60)[0]
+
+
+def _boundary_targets(rank, t):
+    logits = torch.tensor([[0.0, 0.0, float(torch.tensor(2.0).log()), 0.0]] * 2).unsqueeze(0)  # 1 x 2 tokens x V = 4
+    local = logits.chunk(t, -1)[rank].clone().requires_grad_(True)
+    loss = vocab_parallel_cross_entropy(local, torch.tensor([[1, 2]]))  # the last id of rank 0, the first of rank 1
+    loss.sum().backward()
+    emb = nn.Embedding(4, 1)
+    with torch.no_grad():
+        emb.weight.copy_(torch.tensor([[10.0], [11.0], [12.0], [13.0]]))
+    looked_up = VocabParallelEmbedding(emb)(torch.tensor([0, 1, 2, 3]))
+    return loss.detach(), local.grad, looked_up.flatten()
+
+
+def test_vocab_parallel_tokens_on_the_shard_boundary():
+    # V = 4 over 2 ranks: rank 0 holds ids 0-1, rank 1 ids 2-3. Logits (0, 0, ln 2, 0): the softmax is
+    # (1, 1, 2, 1) / 5, so target 1 costs ln 5 and target 2 costs ln 5 - ln 2; the gradient is the
+    # softmax minus the target's one-hot, each rank its own half.
+    out = launch(_boundary_targets, 2, timeout=60)
+    softmax = torch.tensor([0.2, 0.2, 0.4, 0.2])
+    grad = torch.stack([softmax - torch.tensor([0.0, 1.0, 0.0, 0.0]), softmax - torch.tensor([0.0, 0.0, 1.0, 0.0])])
+    for rank, (loss, local_grad, looked_up) in enumerate(out):
+        torch.testing.assert_close(loss, torch.tensor([[5.0, 2.5]]).log())
+        torch.testing.assert_close(local_grad, grad.chunk(2, -1)[rank].unsqueeze(0))
+        torch.testing.assert_close(looked_up, torch.tensor([10.0, 11.0, 12.0, 13.0]))
