@@ -1,14 +1,12 @@
-"""Scorecard rows of the network models (part 2, chapters 2 and 5): ``collectives`` and ``network_topology``.
-
-``collectives``: the alpha-beta all-reduce models of
-:mod:`utils.parallel.comm.network`, turned into nccl-tests' bus bandwidth
+"""Scorecard rows of the network models (part 2, chapters 2 and 5): ``collectives``: what NCCL reaches (:func:`~utils.parallel.comm.nccl_allreduce.nccl_allreduce_time`:
+one base latency plus the bytes each GPU sends at a fitted fraction of the
+NVLink line rate), turned into nccl-tests' bus bandwidth
 (:mod:`utils.parallel.comm.bandwidth`), against published all-reduce sweeps on
-one 8-GPU NVSwitch node. Each row uses the model of the algorithm the source
-says NCCL ran: the ring (:func:`~utils.parallel.comm.network.ring_allreduce_time`)
-where NCCL rings, the in-network all-reduce
-(:func:`~utils.parallel.comm.network.in_network_allreduce_time`) where it
-chose NVLink SHARP. Link bandwidth is half the spec's two-way NVLink figure,
-latency the planner's assumed 2 us per NVLink step, as the chapters use them.
+one 8-GPU NVSwitch node. Each row uses the algorithm the source says NCCL ran:
+the ring, or NVLink SHARP (NVLS). Link bandwidth is half the spec's two-way
+NVLink figure. Fit rows: the H100 ring and NVLS plateaus of NVIDIA/nccl-tests
+issue 212 (the two link efficiencies) and the A100 sweep's 32 KiB row (the base
+latency). Holdout: the rest of the A100 sweep and the whole H200 sweep.
 
 ``network_topology``: the Clos calculator of :mod:`utils.parallel.comm.topology`
 against NVIDIA's published SuperPOD switch counts and Al-Fares's fat tree:
@@ -21,9 +19,8 @@ from functools import partial
 
 from utils.gpu import hardware as _hardware
 from utils.parallel.comm import bandwidth as _bandwidth
-from utils.parallel.comm import network as _network
+from utils.parallel.comm import nccl_allreduce as _nccl
 from utils.parallel.comm import topology as _topology
-from utils.parallel.planning import planner as _planner
 from utils.scorecard.record import Entry
 
 KIB, MIB, GIB = 2**10, 2**20, 2**30
@@ -37,36 +34,45 @@ A100_BUSBW = ((32 * KIB, 1.31), (1 * MIB, 18.00), (16 * MIB, 106.16), (64 * MIB,
 """(bytes, busbw GB/s) of the A100 sweep, every fourth size or so from 32 KiB to 16 GiB."""
 H200_BUSBW = ((32 * KIB, 1.44, "ring"), (1 * MIB, 39.93, "ring"), (16 * MIB, 219.89, "nvls"),
               (256 * MIB, 436.15, "nvls"), (1 * GIB, 463.58, "nvls"), (16 * GIB, 482.26, "nvls"))
-_RING_OMITS = ("no link efficiency (measured rings reach 76-82% of the one-way NVLink rate); one latency per ring "
-               "step with no protocol ramp, so small messages come out far too fast; NCCL's LL and tree protocols")
-_NVLS_OMITS = ("NVLink SHARP priced as one send and one receive of the buffer at the full link rate, 1.75x the "
-               "ring's busbw on 8 GPUs; measured NVLS reaches 0.93-1.07x the link; no ramp below the plateau")
+STAS_H100_FIT = ("NVIDIA/nccl-tests issue 212, S. Jeaugey's answers of 2024-05-06 (ring ~370 GB/s busbw on 8 H100, "
+                 "\"a peak busBw of ~480GB/s (algbw ~275GB/s)\" with NVLS, at large sizes); NVIDIA/nccl issue 1455 "
+                 "(8 H100 SXM, all_reduce_perf -b 2G -e 4G: ring 365-370, NVLS 480 GB/s at 8 GPUs)")
+H100_FIT_BUSBW = ((4 * GIB, 370.0, "ring"), (4 * GIB, 480.0, "nvls"))
+_RING_OMITS = ("NCCL's protocols (LL, LL128, Simple) and channel count chosen by size: one base latency for every "
+               "size, so the mid-size ramp of a sweep that climbs slowly (A100, 1-64 MiB) comes out too fast; trees")
+_NVLS_OMITS = ("NVLS priced as (n+1)/n of the buffer each way at one fitted fraction of the link (0.686, H100); "
+               "one base latency, no protocol or channel ramp between 2 MiB and the plateau")
+
+
+def _split(gpu: str, nbytes: int) -> str:
+    """The rows a constant of :mod:`utils.parallel.comm.nccl_allreduce` was fitted on."""
+    return "fit" if gpu == "H100-SXM" or (gpu == "A100-SXM4-80GB" and nbytes == 32 * KIB) else "holdout"
 
 
 def allreduce_busbw_gb_per_s(gpu: str, n: int, nbytes: int, algorithm: str) -> float:
-    """nccl-tests' all-reduce busbw (GB/s) of ``nbytes`` on ``n`` GPUs of one NVLink domain, as the chapters price it.
+    """nccl-tests' all-reduce busbw (GB/s) of ``nbytes`` on ``n`` GPUs of one NVLink domain, as NCCL reaches it.
 
-    ``algorithm`` is ``"ring"`` or ``"nvls"`` (the in-network all-reduce of NVLink SHARP).
+    ``algorithm`` is ``"ring"`` or ``"nvls"`` (NVLink SHARP); the time is
+    :func:`~utils.parallel.comm.nccl_allreduce.nccl_allreduce_time` with its fitted defaults.
     """
     link = _hardware.spec(gpu).nvlink_bandwidth / 2
-    latency = _planner.NVLINK_LATENCY_S
-    model = {"ring": _network.ring_allreduce_time, "nvls": _network.in_network_allreduce_time}[algorithm]
-    seconds = model(n, nbytes, link, latency)
+    seconds = _nccl.nccl_allreduce_time(n, nbytes, link, algorithm)
     return _bandwidth.allreduce_bus_bandwidth(_bandwidth.algorithm_bandwidth(nbytes, seconds), n) / 1e9
 
 
 def _collective_entries() -> list[Entry]:
     rows = [("A100-SXM4-80GB", STAS_A100, nbytes, busbw, "ring") for nbytes, busbw in A100_BUSBW]
     rows += [("H200", STAS_H200, nbytes, busbw, algo) for nbytes, busbw, algo in H200_BUSBW]
+    rows += [("H100-SXM", STAS_H100_FIT, nbytes, busbw, algo) for nbytes, busbw, algo in H100_FIT_BUSBW]
     out = []
     for gpu, source, nbytes, busbw, algorithm in rows:
         size = f"{nbytes // GIB} GiB" if nbytes >= GIB else f"{nbytes // MIB} MiB" if nbytes >= MIB else \
             f"{nbytes // KIB} KiB"
         out.append(Entry("collectives", f"all-reduce of {size} on 8 {gpu}, {'NVLS' if algorithm == 'nvls' else 'ring'}",
                          source, {"gpu": gpu, "n_gpus": 8, "nbytes": nbytes, "algorithm": algorithm,
-                                  "latency_s": "planner.NVLINK_LATENCY_S (assumed 2 us)"},
+                                  "latency_s": "nccl_allreduce.ALLREDUCE_BASE_LATENCY_S (fitted, 43.5 us)"},
                          "all-reduce bus bandwidth (nccl-tests' busbw)", "GB/s", busbw,
-                         partial(allreduce_busbw_gb_per_s, gpu, 8, nbytes, algorithm), "holdout",
+                         partial(allreduce_busbw_gb_per_s, gpu, 8, nbytes, algorithm), _split(gpu, nbytes),
                          _NVLS_OMITS if algorithm == "nvls" else _RING_OMITS))
     return out
 

@@ -14,7 +14,10 @@ the GPUs do the additions, the all-reduce whose additions the switches do
 all-reduce across two levels, NVLink inside a node and a scale-out fabric
 between nodes (:func:`hierarchical_allreduce_time`,
 :func:`flat_ring_allreduce_time`). The algorithm and bus bandwidths that
-nccl-tests reports are in :mod:`utils.parallel.comm.bandwidth`.
+nccl-tests reports are in :mod:`utils.parallel.comm.bandwidth`. These models are
+ideal (line rate, small per-step latency); what NCCL reaches on one NVLink
+domain, calibrated on published nccl-tests figures, is
+:mod:`utils.parallel.comm.nccl_allreduce`.
 Bandwidths are in bytes/s, latencies and times in seconds, sizes in bytes.
 """
 
@@ -41,6 +44,9 @@ def ring_allreduce_time(n: int, nbytes: float, bandwidth: float, latency: float)
     (Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for clusters
     of workstations", JPDC 2009). ``bandwidth`` is each GPU's send bandwidth in
     bytes/s, ``latency`` the per-step latency in seconds. One GPU needs no time.
+    The ideal ring (the planner's): NCCL's measured rings reach about 82 % of the
+    NVLink line rate and pay tens of microseconds per call, which
+    :func:`utils.parallel.comm.nccl_allreduce.nccl_allreduce_time` adds.
     """
     _check_collective_args(n, nbytes, bandwidth, latency)
     if n == 1:
@@ -179,10 +185,13 @@ def in_network_allreduce_time(n: int, nbytes: float, bandwidth: float, latency: 
     NVSwitch of the H100 generation (NVIDIA H100 Tensor Core GPU Architecture
     whitepaper, 2022; NCCL 2.17+ algorithm NVLS). Against the ring's
     ``2(n-1)/n * nbytes / bandwidth`` it is ``2(n-1)/n`` times faster for large
-    buffers, approaching 2: NCCL's own tuning model doubles the NVLS all-reduce
-    bus bandwidth for this reason (NVIDIA/nccl, src/graph/tuning.cc, "AllReduce
-    pipelines two operations"). One latency up and one down is the model of a
-    single switch level; a model, not a measured figure. One GPU needs no time.
+    buffers, approaching 2. That is the ideal, a bound: NCCL's NVLS all-reduce
+    moves ``(n+1)/n * nbytes`` each way (a switch reduce-scatter, then a switch
+    all-gather) at about 0.69 of the line rate, and reaches a busbw of ~480 GB/s
+    on 8 H100s, about 1.07x the 450 GB/s link and 1.3x NCCL's ring, not 1.75x
+    (S. Jeaugey, NVIDIA/nccl-tests issue 212). For what NCCL reaches use
+    :func:`utils.parallel.comm.nccl_allreduce.nccl_allreduce_time`. One latency
+    up and one down is the model of a single switch level. One GPU needs no time.
     """
     _check_collective_args(n, nbytes, bandwidth, latency)
     if n == 1:
