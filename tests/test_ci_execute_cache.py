@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -74,9 +77,9 @@ def _build_client_messages(path: Path, config: Path, build_dir: Path) -> list[st
     return logger.messages
 
 
-def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def _run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=env)
 
 
 def test_settings_are_the_builds(tmp_path):
@@ -160,8 +163,15 @@ def test_a_dead_worker_fails_the_run(tmp_path):
     # its kernels from a server, utils.forked_kernels), then itself.
     _notebook(tmp_path / "kill.ipynb",
               ["import os, signal\nos.kill(int(os.environ['JPY_PARENT_PID']), signal.SIGKILL)\nos._exit(1)"])
-    done = _run(["--config", str(_book_config(tmp_path)), "--build-dir", str(tmp_path / "_build"),
-                 "--jobs", "1", "kill.ipynb"], cwd=tmp_path)
+    # A killed client cannot remove its kernel's connection file and sockets (a forked kernel's are in the
+    # temporary folder, utils.forked_kernels): they go to a folder of this test's own, removed after it
+    # (a short path: a Unix socket's path has at most 107 characters).
+    scratch = Path(tempfile.mkdtemp(prefix="bk-"))
+    try:
+        done = _run(["--config", str(_book_config(tmp_path)), "--build-dir", str(tmp_path / "_build"),
+                     "--jobs", "1", "kill.ipynb"], cwd=tmp_path, env={**os.environ, "TMPDIR": str(scratch)})
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "=== kill.ipynb failed ===" in done.stdout
     assert "a worker process died" in done.stdout
