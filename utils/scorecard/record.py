@@ -40,7 +40,20 @@ def _frozen_inputs(inputs: object) -> Mapping[str, object]:
 
 
 @dataclass(frozen=True)
-class Record:
+class _Comparison:
+    """What a row and its record share: the calculator, the run, its source and inputs, the published value."""
+
+    calculator: str
+    run: str
+    source: str
+    inputs: Mapping[str, object]
+    quantity: str
+    unit: str
+    published: float
+
+
+@dataclass(frozen=True)
+class Record(_Comparison):
     """A published measurement next to what the book's calculator predicts for it.
 
     ``relative_error`` is ``predicted / published - 1``: for a rate (TFLOP/s,
@@ -50,13 +63,6 @@ class Record:
     each would move the number where that is known.
     """
 
-    calculator: str
-    run: str
-    source: str
-    inputs: Mapping[str, object]
-    quantity: str
-    unit: str
-    published: float
     predicted: float
     relative_error: float
     split: str
@@ -69,16 +75,9 @@ class Record:
 
 
 @dataclass(frozen=True)
-class Entry:
+class Entry(_Comparison):
     """A row before its prediction is computed: ``predict()`` calls the calculator and returns a number > 0."""
 
-    calculator: str
-    run: str
-    source: str
-    inputs: Mapping[str, object]
-    quantity: str
-    unit: str
-    published: float
     predict: Callable[[], float]
     split: str
     omits: str
