@@ -34,6 +34,7 @@ explains (the A100 sweep at 1-16 MiB); trees; multi-node rings.
 
 from __future__ import annotations
 
+from utils.parallel.comm.bandwidth import bus_bandwidth_factor
 from utils.validate import check_nonnegative, check_positive, check_positive_int
 
 ALGORITHMS = ("ring", "nvls")
@@ -65,18 +66,19 @@ def nvls_bytes_per_gpu(n: int, nbytes: float) -> float:
 
 RING_LINK_EFFICIENCY = H100_RING_BUSBW_BYTES_PER_S / H100_NVLINK_ONE_WAY_BYTES_PER_S
 """Fraction of the one-way NVLink line rate a ring all-reduce sustains: 370 / 450 = 0.822 (fit on H100)."""
-NVLS_LINK_EFFICIENCY = (H100_NVLS_BUSBW_BYTES_PER_S / (2 * 7 / 8)) * nvls_bytes_per_gpu(8, 1.0) \
-    / H100_NVLINK_ONE_WAY_BYTES_PER_S
+NVLS_LINK_EFFICIENCY = (H100_NVLS_BUSBW_BYTES_PER_S / bus_bandwidth_factor("all_reduce", 8)
+                        * nvls_bytes_per_gpu(8, 1.0) / H100_NVLINK_ONE_WAY_BYTES_PER_S)
 """Fraction of the one-way line rate NVLS sustains on the ``(n+1)/n`` bytes it moves: busbw 480 is algbw
 274.3 GB/s on 8 GPUs, so ``274.3 * 9/8 / 450 = 0.686`` (fit on H100)."""
 
 
-def _ring_seconds(n: int, nbytes: float, bandwidth: float) -> float:
-    return 2 * (n - 1) / n * nbytes / bandwidth
+def _ring_bytes_per_gpu(n: int, nbytes: float) -> float:
+    """Bytes each GPU sends in a ring all-reduce, ``2(n-1)/n * nbytes``: nccl-tests' busbw factor."""
+    return bus_bandwidth_factor("all_reduce", n) * nbytes
 
 
-ALLREDUCE_BASE_LATENCY_S = (32 * 1024 * (2 * 7 / 8) / A100_32KIB_BUSBW_BYTES_PER_S
-                            - _ring_seconds(8, 32 * 1024, RING_LINK_EFFICIENCY * 300e9))
+ALLREDUCE_BASE_LATENCY_S = (_ring_bytes_per_gpu(8, 32 * 1024) / A100_32KIB_BUSBW_BYTES_PER_S
+                            - _ring_bytes_per_gpu(8, 32 * 1024) / (RING_LINK_EFFICIENCY * 300e9))
 """Fixed seconds of one all-reduce call inside an NVLink domain: 43.5 us, fitted on the 32 KiB all-reduce of
 8 A100s (43.8 us measured, of which 0.2 us is the bytes at the ring's efficiency)."""
 
@@ -106,5 +108,5 @@ def nccl_allreduce_time(n: int, nbytes: float, link_bandwidth: float, algorithm:
         raise ValueError(f"link_efficiency must be in (0, 1], got {link_efficiency!r}")
     if n == 1:
         return 0.0
-    sent = 2 * (n - 1) / n * nbytes if algorithm == "ring" else nvls_bytes_per_gpu(n, nbytes)
+    sent = _ring_bytes_per_gpu(n, nbytes) if algorithm == "ring" else nvls_bytes_per_gpu(n, nbytes)
     return latency + sent / (link_efficiency * link_bandwidth)
