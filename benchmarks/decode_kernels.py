@@ -39,7 +39,7 @@ from utils.gpu.hardware import GpuSpec
 from utils.kernels.paged_attention import block_tables_tensor, paged_decode
 from utils.kernels.quant_matmul import quant_matmul, weight_nbytes
 from utils.kernels.split_kv_decode import choose_num_splits, merge_partials, split_kv_decode
-from utils.serving.quant import dequantize, quantize
+from utils.serving.quantisation.quant import dequantize, quantize
 
 TARGET_SPLIT_KV_FRACTION = 0.80
 TARGET_SPLIT_KV_VS_UNSPLIT = 3.0

@@ -8,12 +8,12 @@ Run from the repository root on a machine with a CUDA GPU, torch and triton (no 
 The model is TinyLlama-1.1B's shape (Zhang et al. 2024, arXiv:2401.02385; ``config.json`` of
 ``TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T``: hidden 2048, FFN 5632, 22 layers, 32 query and
 4 KV heads, vocabulary 32000, untied embeddings), 1,100,048,384 parameters, with random weights in fp16
-on the GPU. :class:`utils.serving.engine.Engine` takes 64 requests of 512 prompt tokens, prefills them
+on the GPU. :class:`utils.serving.runtime.engine.Engine` takes 64 requests of 512 prompt tokens, prefills them
 (chunked, 8192 tokens a step), and once every step is 64 decodes and nothing else, each step is timed
 alone (``torch.cuda.synchronize`` on both sides; the engine's own greedy sampling, one copy of the 64
 tokens to the host, is inside): the median of the timed steps, after warm-up steps (Triton compiles then).
 
-The bound is :func:`utils.serving.step_time.step_seconds` of the same step (the 64 contexts each step
+The bound is :func:`utils.serving.costs.step_time.step_seconds` of the same step (the 64 contexts each step
 attends to): the weights read once (``N b``, all but the input embedding) plus every cache read once, each
 part at the larger of its FLOP time and its byte time on the chip's datasheet peaks (:meth:`Roof.of`,
 :func:`utils.gpu.hardware.spec_for_device`). Target on an H100 SXM (issue 25): decode throughput within 2x
@@ -45,9 +45,9 @@ from utils.attention.kv_cache import AttentionConfig
 from utils.attention.llama import LlamaConfig, TinyLlama
 from utils.attention.llama_sizes import llama_param_count
 from utils.gpu.hardware import GpuSpec
-from utils.serving.engine import Engine
-from utils.serving.paged_forward import Segment, forward_segments
-from utils.serving.step_time import Roof, ServedModel, attention_flops_per_pair, step_cost, step_seconds
+from utils.serving.runtime.engine import Engine
+from utils.serving.runtime.paged_forward import Segment, forward_segments
+from utils.serving.costs.step_time import Roof, ServedModel, attention_flops_per_pair, step_cost, step_seconds
 
 TINYLLAMA_1B = LlamaConfig(vocab=32000, dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ffn_hidden=5632,
                            eps=1e-5, rope_layout="neox")
@@ -76,11 +76,11 @@ CPU_SMOKE = Sizes(LlamaConfig(vocab=128, dim=64, n_layers=2, n_heads=4, n_kv_hea
 
 
 def served_model(model: TinyLlama, name: str, bytes_per_elem: int = 2) -> ServedModel:
-    """The :class:`~utils.serving.step_time.ServedModel` of a TinyLlama: what a step reads and computes.
+    """The :class:`~utils.serving.costs.step_time.ServedModel` of a TinyLlama: what a step reads and computes.
 
     ``N`` = all parameters but the input embedding (a step reads ``batch`` of its rows); the cache per token
     and the attention FLOPs per pair from :class:`~utils.attention.kv_cache.AttentionConfig` and
-    :func:`~utils.serving.step_time.attention_flops_per_pair`, as :func:`utils.serving.step_time.served_model`
+    :func:`~utils.serving.costs.step_time.attention_flops_per_pair`, as :func:`utils.serving.costs.step_time.served_model`
     builds them for the published models.
     """
     c = model.config

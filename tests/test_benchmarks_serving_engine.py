@@ -9,7 +9,7 @@ import torch
 from benchmarks import __main__ as harness, serving_engine
 from utils import device
 from utils.attention.llama import TinyLlama
-from utils.serving.step_time import Roof, step_cost, step_seconds
+from utils.serving.costs.step_time import Roof, step_cost, step_seconds
 
 LOOP = "serving engine decode (per-request attention loop)"
 

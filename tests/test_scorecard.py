@@ -21,8 +21,8 @@ import utils.parallel.planning.planner as planner
 import utils.parallel.training as training
 import utils.rl.rlhf_cost as rlhf_cost
 import utils.rl.rollout_systems as rollout_systems
-import utils.serving.published_deployments as published_deployments
-import utils.serving.step_time as step_time
+import utils.serving.many_gpus.published_deployments as published_deployments
+import utils.serving.costs.step_time as step_time
 from utils import scorecard
 from utils.parallel.planning.published_runs import MEGATRON_RUNS, fit_efficiency
 from utils.published import Published

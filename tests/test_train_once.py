@@ -11,7 +11,7 @@ from torch import nn
 
 from utils import train_once as train_once_module
 from utils.attention.llama import LlamaConfig
-from utils.serving.tiny_corpus import train_tiny_llama
+from utils.serving.speculation.tiny_corpus import train_tiny_llama
 from utils.train_once import CACHE_VARIABLE, cache_key, source_digest, train_once
 
 TINY = LlamaConfig(vocab=64, dim=16, n_layers=1, n_heads=2, n_kv_heads=2, ffn_hidden=32)

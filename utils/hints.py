@@ -156,7 +156,7 @@ MISTAKES: dict[str, dict[str, str]] = {
         "row_scaled": "the softmax over the keys, after the causal mask and the 1/sqrt(d) scale?",
         "some": "causal with a cache: query i at position start + i sees keys 0 .. start + i.",
     },
-    # Part 5 lab 1 compares schedules, not tensors: utils.serving.scheduler_check finds the first step that differs
+    # Part 5 lab 1 compares schedules, not tensors: utils.serving.runtime.scheduler_check finds the first step that differs
     # from the reference's and names the table of the rule such a difference usually breaks.
     "serving-scheduler-order": {
         "some": "running requests first, in the order they were admitted (self.running), each given its tokens; "

@@ -5,7 +5,7 @@ import torch
 
 from utils import device
 from utils.kernels.quant_matmul import kernel_block_k, quant_matmul, weight_nbytes
-from utils.serving.quant import dequantize, quantize
+from utils.serving.quantisation.quant import dequantize, quantize
 
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-4), torch.float16: dict(rtol=1e-2, atol=1e-2)}
 

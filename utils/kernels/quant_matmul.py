@@ -3,11 +3,11 @@
 At decode a linear layer multiplies a few activation rows (``M`` = the batch, 1 to 16) by a weight of
 ``N x K`` parameters: every weight is read once and used ``M`` times, so the step is bound by the bytes
 of the weight. Storing it in 4 bits with a 16-bit scale and an 8-bit zero point per group of 128
-(:mod:`utils.serving.quant`) cuts those bytes from 2 per weight to ``0.5 + 3/128``. The kernel must
+(:mod:`utils.serving.quantisation.quant`) cuts those bytes from 2 per weight to ``0.5 + 3/128``. The kernel must
 never write the dequantised weight back to memory: each program loads packed bytes, turns them into
 fp16/fp32 values in registers (``w = (q - z) * s``), and feeds them straight to ``tl.dot``.
 
-Layout (the one :func:`utils.serving.quant.quantize` writes, ``nn.Linear``'s ``(out, in)``):
+Layout (the one :func:`utils.serving.quantisation.quant.quantize` writes, ``nn.Linear``'s ``(out, in)``):
 ``x``: ``(M, K)``; ``q``: ``(N, K)`` uint8 for int8, ``(N, K // 2)`` uint8 for int4 with column ``2j`` in
 the low nibble of byte ``j`` and column ``2j + 1`` in the high nibble; ``scales``: ``(N, K // group_size)``;
 ``zeros``: the same shape, uint8. Result ``(M, N)`` in ``x``'s dtype.
@@ -26,7 +26,7 @@ import torch
 
 from utils.device import check_tensors
 from utils.kernels.triton_or_stand_in import tl, triton
-from utils.serving.quant import bytes_per_weight, check_bits_group
+from utils.serving.quantisation.quant import bytes_per_weight, check_bits_group
 
 DEFAULT_BLOCK_N = 64
 MAX_BLOCK_K = 128
@@ -96,12 +96,12 @@ def quant_matmul(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, zeros: 
     """``x @ dequantize(q, scales, zeros, group_size, bits).T`` without materialising the weight (module docstring).
 
     ``x``: ``(M, K)`` fp16 or fp32 (bf16 on a GPU); ``q``, ``scales``, ``zeros`` from
-    :func:`utils.serving.quant.quantize` of an ``(N, K)`` weight. Returns ``(M, N)`` in ``x``'s dtype.
+    :func:`utils.serving.quantisation.quant.quantize` of an ``(N, K)`` weight. Returns ``(M, N)`` in ``x``'s dtype.
     """
     block_k = kernel_block_k(bits, group_size)
     check_tensors(x, q, scales, zeros)
     if x.dim() != 2 or q.dim() != 2 or q.dtype != torch.uint8 or zeros.dtype != torch.uint8:
-        raise ValueError(f"x must be (M, K) and q, zeros uint8 from utils.serving.quant.quantize; got x "
+        raise ValueError(f"x must be (M, K) and q, zeros uint8 from utils.serving.quantisation.quant.quantize; got x "
                          f"{tuple(x.shape)}, q {q.dtype} {tuple(q.shape)}, zeros {zeros.dtype}")
     m, k = x.shape
     n = q.shape[0]

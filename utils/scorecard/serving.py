@@ -3,10 +3,10 @@
 Both print roofline **bounds**: a real engine should land below them, so a
 negative relative error is the expected sign and its size is how far the
 engine stays from the roof. ``deployment``: the rows chapter 6 already holds
-:func:`utils.serving.published_deployments.hold_against` against (DeepSeek's
+:func:`utils.serving.many_gpus.published_deployments.hold_against` against (DeepSeek's
 Day-6 figures and LMSYS's large-scale EP blog). ``step_time``:
-:func:`utils.serving.step_time.serve_batch` and
-:func:`~utils.serving.step_time.prefill_seconds` against TensorRT-LLM's
+:func:`utils.serving.costs.step_time.serve_batch` and
+:func:`~utils.serving.costs.step_time.prefill_seconds` against TensorRT-LLM's
 published static-batch throughputs and first-token latencies, whose batch,
 lengths, precision and TP the table states. A first-token latency is scored as
 the rate it implies (prompt tokens over seconds), so that every row of a
@@ -18,8 +18,8 @@ from __future__ import annotations
 from functools import partial
 
 from utils.scorecard.record import Entry
-from utils.serving import published_deployments as _deployments
-from utils.serving import step_time as _step_time
+from utils.serving.many_gpus import published_deployments as _deployments
+from utils.serving.costs import step_time as _step_time
 
 TRTLLM = ("NVIDIA/TensorRT-LLM, docs/source/performance.md at commit 138f96d4 (data 'updated for v0.6.1, unless "
           "specified'; LLaMA 7B and 70B are Llama-2-7b and Llama-2-70b per its 'Engine Building Setups')")

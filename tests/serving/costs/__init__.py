@@ -1,0 +1,1 @@
+"""Tests of utils.serving.costs, one file per module."""

@@ -1,0 +1,1 @@
+"""Tests of utils.serving.many_gpus, one file per module."""

@@ -1,0 +1,1 @@
+"""Tests of utils.serving.prefix, one file per module."""

@@ -1,0 +1,1 @@
+"""Tests of utils.serving.quantisation, one file per module."""

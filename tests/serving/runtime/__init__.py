@@ -1,0 +1,1 @@
+"""Tests of utils.serving.runtime, one file per module."""

@@ -1,0 +1,1 @@
+"""Tests of utils.serving.speculation, one file per module."""

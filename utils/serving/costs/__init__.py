@@ -1,0 +1,1 @@
+"""Measuring and pricing a server, chapters 1 and 2 of part 5: latency metrics, request traces, the step-time model, the scheduler simulated without a model, and their figures (see :mod:`utils.serving`)."""

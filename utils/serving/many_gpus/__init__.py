@@ -1,0 +1,1 @@
+"""Serving on many GPUs, chapter 6 of part 5: tokens/s per GPU at a TPOT target under TP, DP attention and EP, the published deployments it is held against, and their figures (see :mod:`utils.serving`)."""

@@ -1,0 +1,1 @@
+"""Quantisation for inference, chapter 5 and labs 3 and 4 of part 5: group-wise int8/int4 weights, int8 and FP8 KV caches, quantised models and their quality, and the bytes each format moves per decode token (see :mod:`utils.serving`)."""

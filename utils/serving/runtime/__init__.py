@@ -1,0 +1,1 @@
+"""The engine of lab 1 and chapters 2 and 3 of part 5: continuous batching, the scheduler, the block pool and its prefix hashes, the paged forward, batched decode attention, and the bridge to transformers (see :mod:`utils.serving`)."""
