@@ -68,3 +68,11 @@ def test_calculator_bars_show_each_row_sorted():
     assert [p.get_width() for p in plots.plot_calculator("step_time", ROWS).axes[0].containers[0]] == [0.2, 0.5]
     with pytest.raises(ValueError, match="no rows"):
         plots.plot_calculator("rlhf_cost", ROWS)
+
+
+def test_every_calculator_has_a_colour_of_its_own():
+    from utils import scorecard
+    assert set(plots._COLOURS) == set(scorecard.CALCULATORS)
+    assert len(set(plots._COLOURS.values())) == len(scorecard.CALCULATORS)
+    last = scorecard.CALCULATORS[-1]
+    assert plots.plot_calculator(last, [_row(last, 100, 110)]).axes[0].containers[0]

@@ -14,7 +14,7 @@ The rows live in one module per part of the book:
 - :mod:`utils.scorecard.training`: ``planner``, ``planner_5d``, ``planner_memory`` (part 2, chapter 13);
 - :mod:`utils.scorecard.memory`: ``activation_memory``, ``recompute_flops`` (part 2, chapter 8);
 - :mod:`utils.scorecard.network`: ``collectives``, ``network_topology`` (part 2, chapters 2 and 5);
-- :mod:`utils.scorecard.serving`: ``deployment``, ``step_time`` (part 5, chapters 1 and 6);
+- :mod:`utils.scorecard.serving`: ``deployment``, ``step_time``, ``serving_calibrated`` (part 5, chapters 1 and 6);
 - :mod:`utils.scorecard.rl`: ``rlhf_cost``, ``rlhf_flop_share`` (part 4, chapter 8);
 - :mod:`utils.scorecard.kernels`: ``roofline_kernels`` (part 1, chapter 4, against ``benchmarks/results/``).
 
@@ -43,7 +43,8 @@ __all__ = ["BOUNDS", "CALCULATORS", "SPLITS", "CalculatorSummary", "Entry", "Rec
 _MODULES = (training, memory, network, serving, rl, kernels)
 
 CALCULATORS = ("planner", "planner_5d", "planner_memory", "activation_memory", "recompute_flops", "collectives",
-               "network_topology", "deployment", "step_time", "rlhf_cost", "rlhf_flop_share", "roofline_kernels")
+               "network_topology", "deployment", "step_time", "serving_calibrated", "rlhf_cost", "rlhf_flop_share",
+               "roofline_kernels")
 """Every calculator with rows: training (part 2), networks (part 2), serving (part 5), RL (part 4), kernels (part 1)."""
 
 BOUNDS = ("deployment", "step_time", "roofline_kernels")

@@ -28,7 +28,10 @@ from utils.scorecard.record import Record
 GOOD_TO = 0.15
 """A calculator whose median holdout |error| is at most this is called good to about ±10-15 % (:func:`verdict`)."""
 
-_COLOURS = dict(zip(scorecard.CALCULATORS, [plt.get_cmap("tab20")(i) for i in (0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 12, 14)]))
+_TAB20 = {"planner": 0, "planner_5d": 1, "planner_memory": 2, "activation_memory": 4, "recompute_flops": 5,
+          "collectives": 6, "network_topology": 7, "deployment": 8, "step_time": 9, "serving_calibrated": 16,
+          "rlhf_cost": 10, "rlhf_flop_share": 12, "roofline_kernels": 14}
+_COLOURS = {name: plt.get_cmap("tab20")(_TAB20[name]) for name in scorecard.CALCULATORS}  # KeyError: give it a colour
 
 
 def _records(records: list[Record] | None) -> list[Record]:
