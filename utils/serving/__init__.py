@@ -34,6 +34,9 @@ Measuring and pricing a server (chapters 1 and 2; chapter 6 in ``many_gpus``):
 - :mod:`utils.serving.costs.step_time`: the roofline time of one engine step, TTFT and
   TPOT of a batch, the latency-throughput curve, Little's law; its figures in
   :mod:`utils.serving.costs.step_time_plots`;
+- :mod:`utils.serving.costs.calibrated`: the same step times over the fraction of the roof
+  engines reach in each phase (fitted on the scorecard's fit rows), and steady-state
+  continuous batching capped by the KV memory: an estimate beside the bound;
 - :mod:`utils.serving.costs.simulate`: the engine's scheduler without a model, each
   step priced by :mod:`~utils.serving.costs.step_time`; figures of chapter 2 in
   :mod:`utils.serving.costs.batching_plots`;
