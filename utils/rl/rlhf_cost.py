@@ -28,11 +28,19 @@ correction is on); (3) *scores* the tokens with forward passes of the reference,
 reward and value models (``2 N`` each); (4) *trains* the policy (and PPO's value
 model) for ``epochs`` passes over the samples (TRL's ``PPOConfig.num_ppo_epochs``,
 default 4; GRPO's ``mu``, ``num_iterations``), ``6 N`` FLOPs per token per pass
-(Kaplan et al. 2020, arXiv:2001.08361); (5) pays the *exposed* ZeRO-3
-communication: each micro-batch all-gathers a model's weights for its forward
-(and again for its backward, plus a gradient reduce-scatter, when trained),
+(Kaplan et al. 2020, arXiv:2001.08361); (5) pays the *exposed*
+communication of the trainer (:data:`TRAINERS`). A ZeRO-3 trainer (DeepSpeed,
+FSDP; ``trainer="zero3"``) all-gathers a model's weights for each
+micro-batch's forward (and again for its backward, plus a gradient
+reduce-scatter, when trained),
 :func:`utils.parallel.memory.zero_communication_volume`, of which only what
-exceeds the micro-batch's compute is charged (prefetch overlaps the rest);
+exceeds the micro-batch's compute is charged (prefetch overlaps the rest). A
+Megatron trainer (``trainer="megatron"``: TP x PP model parallelism, the
+distributed optimizer over DP = ``n_gpus / (tp pp)``) keeps its weights and
+synchronises once per optimizer step: a bf16 gradient reduce-scatter and a
+parameter all-gather of its ``2 Psi / (tp pp)`` bytes over the DP ring, each
+``(DP - 1) / DP`` of them per GPU, charged in full (Megatron-LM's
+``overlap_grad_reduce`` would hide some);
 (6) *syncs* the new weights to the rollout engine: on the same GPUs, each GPU
 gathers the ``1 / tp`` slice it decodes from the ZeRO-3 shards
 (:func:`weight_sync_seconds`). Scoring, training and prefill run at ``mfu`` of
@@ -69,6 +77,10 @@ from utils.parallel.training import FORWARD_FLOPS_PER_PARAM_PER_TOKEN, TRAINING_
 from utils.validate import check_positive, check_positive_int
 
 ALGORITHMS = ("ppo", "grpo", "dpo")
+
+TRAINERS = ("zero3", "megatron")
+"""How the trainer shards the policy (module docstring, point 5): ZeRO-3 (DeepSpeed, FSDP) or Megatron's model
+parallelism with a distributed optimizer (NeMo RL's Megatron backend, verl's Megatron workers)."""
 
 MODEL_NAMES = ("LLaMA-2-7B", "LLaMA-2-70B", "Llama-3-8B", "Llama-3-70B")
 """The policies the cost model offers (their sizes: :data:`utils.attention.decode_cost.FFN_AND_VOCAB`)."""
@@ -258,7 +270,8 @@ def rlhf_step_time(algorithm: str, model: PolicyModel, n_prompts: int, group_siz
                    response_len: int, n_gpus: int = 8, tp: int = 1, gpu: str = "H100-SXM", mfu: float = 0.4,
                    reference: bool = True, reward_model: bool = True, epochs: int = 1, old_log_probs: bool = True,
                    weight_sync: bool = True, micro_batch_size: int = 4, mean_response_len: int | None = None,
-                   bandwidth_bytes_per_s: float | None = None, generate: bool = True) -> StepTime:
+                   bandwidth_bytes_per_s: float | None = None, generate: bool = True, trainer: str = "zero3",
+                   trainer_pp: int = 1, optimizer_steps: int = 1) -> StepTime:
     """Seconds of one step of ``algorithm`` for ``n_prompts`` prompts on ``n_gpus`` colocated GPUs (module docstring).
 
     PPO and GRPO generate ``group_size`` responses per prompt (PPO usually 1),
@@ -271,16 +284,24 @@ def rlhf_step_time(algorithm: str, model: PolicyModel, n_prompts: int, group_siz
     ``response_len`` steps (the longest response); the later phases see
     ``mean_response_len`` tokens per response (default ``response_len``).
     ZeRO-3 gathers run per micro-batch of ``micro_batch_size`` sequences per GPU
-    at ``bandwidth_bytes_per_s`` (default :func:`link_bandwidth`). DPO generates
+    at ``bandwidth_bytes_per_s`` (default :func:`link_bandwidth`) when ``trainer`` is
+    ``"zero3"``; a ``"megatron"`` trainer (TP ``tp``, PP ``trainer_pp``) instead
+    synchronises gradients and parameters once per each of ``optimizer_steps``
+    (the samples split into that many global batches). DPO generates
     nothing: each prompt comes with a chosen and a rejected response
     (``group_size`` must be 2), reference log-probabilities precomputed.
     ``generate=False`` leaves generation (and ``tp``) to a separate rollout engine: 0 s here.
     """
     _check_algorithm(algorithm)
     for name, value in (("n_prompts", n_prompts), ("group_size", group_size), ("prompt_len", prompt_len),
-                        ("response_len", response_len), ("epochs", epochs), ("micro_batch_size", micro_batch_size)):
+                        ("response_len", response_len), ("epochs", epochs), ("micro_batch_size", micro_batch_size),
+                        ("trainer_pp", trainer_pp), ("optimizer_steps", optimizer_steps)):
         check_positive_int(name, value)
     _check_parallel(n_gpus, tp)
+    if trainer not in TRAINERS:
+        raise ValueError(f"trainer must be one of {TRAINERS}, got {trainer!r}")
+    if trainer == "megatron" and n_gpus % (tp * trainer_pp):
+        raise ValueError(f"a Megatron trainer needs n_gpus ({n_gpus}) divisible by tp x trainer_pp ({tp} x {trainer_pp})")
     for name, flag in (("reference", reference), ("reward_model", reward_model), ("old_log_probs", old_log_probs),
                        ("weight_sync", weight_sync), ("generate", generate)):
         _check_flag(name, flag)
@@ -308,6 +329,10 @@ def rlhf_step_time(algorithm: str, model: PolicyModel, n_prompts: int, group_siz
     forward_compute = FORWARD_FLOPS_PER_PARAM_PER_TOKEN * n * micro_tokens / peak
     exposed_forward = micro_batches * max(0.0, gather - forward_compute)
     exposed_training = micro_batches * max(0.0, 3 * gather - 3 * forward_compute)
+    if trainer == "megatron":
+        dp = n_gpus // (tp * trainer_pp)
+        exposed_forward = 0.0
+        exposed_training = optimizer_steps * 2 * (2 * n / (tp * trainer_pp)) * (dp - 1) / dp / bandwidth
     if algorithm == "dpo":
         return StepTime(0.0, 0.0, epochs * TRAINING_FLOPS_PER_PARAM_PER_TOKEN * n * tokens / cluster_flops,
                         communication=epochs * exposed_training)

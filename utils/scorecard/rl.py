@@ -6,7 +6,8 @@ off-policy, generation on its own GPUs) against NeMo RL's published GRPO step
 times for Llama 3.1 8B on DGX-H100, the one model of those tables the cost
 model offers. The recipe files give the batch (64 prompts x 32 samples), the
 longest sequence (4,096 tokens), the micro-batch (1) and the GPU split; the
-table gives the mean sequence length. The prompt length is not published:
+table gives the mean sequence length, the training batch (T-GBS 512, so four
+optimizer steps per RL step) and the trainer: Megatron-core, PP 2. The prompt length is not published:
 every row assumes :data:`PROMPT_LEN` (any value from 64 to 512 moves the
 predictions by under 1%).
 
@@ -39,14 +40,20 @@ ROWS = (  # version, policy, mean sequence length (prompt + response), published
 DEEPSPEED_CHAT = ("microsoft/DeepSpeed, blogs/deepspeed-chat/README.md at commit 040679e5, 'Effective Throughput "
                   "Analysis': 'the generation phase comprises approximately 20% of the total computation'")
 
+TRAIN_GLOBAL_BATCH = 512
+"""T-GBS: sequences per optimizer step, so the 64 x 32 = 2,048 samples (G-GBS) make 4 optimizer steps."""
+TRAINER_PP = 2
+"""The Megatron trainer's pipeline stages, from the table's training layout (TP 1)."""
+
 _OMITS = ("every sequence decoded to the longest allowed response (4,096 - prompt tokens) instead of the length "
-          "distribution; ZeRO-3 weight gathers per micro-batch of 1, where NeMo RL trains with Megatron (PP 2, no "
-          "gathers); no optimizer step, recompute or logits work; refit from one rank")
+          "distribution; no optimizer step, recompute or logits work; the Megatron trainer's gradient and "
+          "parameter syncs charged in full, its pipeline bubble left out; refit from one rank")
 
 
 def _step_kwargs(mean_len: int) -> dict[str, object]:
     return dict(reward_model=False, reference=True, old_log_probs=True, epochs=1, micro_batch_size=1,
-                mean_response_len=mean_len - PROMPT_LEN)
+                mean_response_len=mean_len - PROMPT_LEN, trainer="megatron", trainer_pp=TRAINER_PP,
+                optimizer_steps=64 * 32 // TRAIN_GLOBAL_BATCH)
 
 
 def on_policy_seconds(mean_len: int) -> float:
@@ -80,7 +87,8 @@ def entries() -> list[Entry]:
             NEMO_RL_VERSIONS[version] + ("" if on else " (-async-1off: generation on 1 node of 8, not colocated)"),
             {"model": "Llama-3-8B", "n_gpus": 16, "n_prompts": 64, "group_size": 32, "max_seq_len": MAX_SEQ,
              "mean_seq_len": mean_len, "prompt_len": f"{PROMPT_LEN} (assumed)", "micro_batch": 1, "tp": 1,
-             "placement": "colocated" if on else "async, 8 rollout + 8 trainer GPUs"},
+             "placement": "colocated" if on else "async, 8 rollout + 8 trainer GPUs",
+             "trainer": f"Megatron-core, TP 1, PP {TRAINER_PP}", "train_global_batch": TRAIN_GLOBAL_BATCH},
             "GRPO step time", "s", seconds, partial(on_policy_seconds if on else one_step_off_seconds, mean_len),
             "holdout", _OMITS + ("" if on else "; in-flight weight updates (the planner waits for a full sync)")))
     out.append(Entry("rlhf_flop_share", "DeepSpeed-Chat step 3 (PPO), 256 + 256 tokens, small reward model and critic",
