@@ -56,8 +56,11 @@ PINNED = {  # calculator: (holdout rows, median |error|, worst |error|, signed m
     # serving_calibrated: the bound over the fractions fitted on 11 rows (issue 33's target: median <= 25 %).
     "serving_calibrated": (65, 0.0961, 2.7329, +0.0769),
     # rlhf_cost: (4, 1.0935, 1.7305, +1.0935) with a ZeRO-3 trainer gathering 16 GB per micro-batch of one; below,
-    # NeMo RL's Megatron trainer (PP 2, four optimizer steps, one gradient and parameter sync each).
-    "rlhf_cost": (4, 0.2350, 0.5936, +0.1676),
+    # NeMo RL's Megatron trainer (PP 2, four optimizer steps, one gradient and parameter sync each): (4, 0.2350,
+    # 0.5936, +0.1676); below, responses of the published mean length (a censored exponential), each decode step at
+    # the serving scorecard's calibrated fraction of the roof. Every row is now too fast (issue 33's target, 25 %,
+    # is not met: training efficiency and the colocated placement are what is left, section 4 of the page).
+    "rlhf_cost": (4, 0.2729, 0.3567, -0.2729),
     "rlhf_flop_share": (1, 0.1667, 0.1667, -0.1667),
     "roofline_kernels": (33, 0.5860, 8.5081, +0.5860),
 }

@@ -1,12 +1,15 @@
+import math
+
 import pytest
 
 from utils.attention.decode_cost import decode_step_cost, param_count, params_read_per_step
 from utils.gpu.roofline import min_seconds
 from utils.parallel.memory import zero_model_state_breakdown, zero_model_state_bytes
 from utils.gpu.hardware import spec
+from utils.parallel.training import FORWARD_FLOPS_PER_PARAM_PER_TOKEN as FORWARD
 from utils.parallel.training import training_flops
-from utils.rl.rlhf_cost import (MODEL_NAMES, generation_seconds, link_bandwidth, policy_model, rlhf_memory_bytes,
-                                rlhf_step_time, weight_sync_seconds)
+from utils.rl.rlhf_cost import (MODEL_NAMES, generation_seconds, link_bandwidth, policy_model, response_lengths,
+                                rlhf_memory_bytes, rlhf_step_time, weight_sync_seconds)
 
 N7, N70 = 6.738e9, 68.98e9
 
@@ -209,5 +212,56 @@ def test_a_megatron_trainer_syncs_once_per_optimizer_step_instead_of_gathering_p
     (lambda: _ppo7(optimizer_steps=0), "optimizer_steps"),
 ])
 def test_bad_trainers_are_refused(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_response_lengths_have_the_mean_asked_and_a_tail_at_the_cap():
+    lengths = response_lengths(2048, 932, 3968)
+    assert abs(lengths.mean() - 932) < 0.5 and lengths.max() == 3968 and lengths.min() >= 1
+    assert list(lengths) == sorted(lengths, reverse=True)
+    assert (response_lengths(2048, 932, 3968) == lengths).all()  # quantiles, not samples
+    # the censored exponential: E[L] ~ theta (1 - exp(-M/theta)) and exp(-M/theta) of them at the cap
+    capped = (lengths == 3968).mean()
+    theta = 932 / (1 - capped)
+    assert capped == pytest.approx(math.exp(-3968 / theta), abs=2 / 2048)
+    with pytest.raises(ValueError, match=r"mean_len must be in \[1, max_len = 100\)"):
+        response_lengths(8, 100, 100)
+
+
+def test_generation_over_a_length_distribution_decodes_only_the_running_sequences():
+    """Two replicas, eight sequences: the slowest replica holds every second length from the longest; step t
+    decodes those still running, each step the scalar roofline of that batch at context P + t."""
+    m = policy_model("LLaMA-2-7B")
+    lengths = response_lengths(8, 40, 100)
+    slowest = lengths[::2]
+    expected = FORWARD * m.n_params_read * 4 * 16 / (spec("H100-SXM").flops("bf16") * 0.4)
+    for t in range(int(slowest.max())):
+        running = int((slowest > t).sum())
+        expected += min_seconds(decode_step_cost(m.n_params_read, m.attention, running, 16 + t), "H100-SXM", "bf16")
+    got = generation_seconds(m, 8, 16, 100, n_gpus=2, lengths="exponential", mean_response_len=40)
+    assert got == pytest.approx(expected, rel=1e-12)
+    assert got < generation_seconds(m, 8, 16, 100, n_gpus=2)  # every sequence to 100 tokens
+
+
+def test_a_decode_fraction_divides_every_decode_step():
+    m = policy_model("Llama-3-8B")
+    prefill = generation_seconds(m, 64, 128, 1, n_gpus=8) - min_seconds(
+        decode_step_cost(m.n_params_read, m.attention, 8, 128), "H100-SXM", "bf16")
+    kwargs = dict(n_gpus=8, lengths="exponential", mean_response_len=300)
+    bound = generation_seconds(m, 64, 128, 1000, **kwargs)
+    halved = generation_seconds(m, 64, 128, 1000, decode_fraction=lambda batch: 0.5, **kwargs)
+    assert halved - prefill == pytest.approx(2 * (bound - prefill), rel=1e-9)
+    by_batch = generation_seconds(m, 64, 128, 1000, decode_fraction=lambda batch: 0.5 if batch <= 4 else 1.0,
+                                  **kwargs)
+    assert bound < by_batch < halved  # the tail of small batches pays the lower fraction
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: generation_seconds(policy_model("LLaMA-2-7B"), 8, 16, 100, lengths="median"), "lengths must be one of"),
+    (lambda: generation_seconds(policy_model("LLaMA-2-7B"), 8, 16, 100, lengths="exponential"),
+     "needs mean_response_len"),
+])
+def test_bad_length_models_are_refused(call, message):
     with pytest.raises(ValueError, match=message):
         call()

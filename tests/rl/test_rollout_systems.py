@@ -100,3 +100,17 @@ def test_bad_input_raises(call):
 
 def test_placements_are_the_three_of_the_chapter():
     assert PLACEMENTS == ("colocated", "disaggregated", "async")
+
+
+def test_the_rollout_lane_decodes_the_length_distribution_it_is_given():
+    m = policy_model("Llama-3-8B")
+    kwargs = dict(mean_response_len=400, lengths="exponential", decode_fraction=lambda batch: 0.7)
+    segments = step_timeline("async", "grpo", m, 16, 8, 128, 2000, n_gpus=16, n_rollout_gpus=8, n_steps=2, **kwargs)
+    first = next(s for s in segments if s.phase == "generation")
+    assert first.end - first.start == generation_seconds(m, 128, 128, 2000, 8, 1, **kwargs)
+    def generation(**kw):
+        segs = step_timeline("async", "grpo", m, 16, 8, 128, 2000, n_gpus=16, n_rollout_gpus=8, n_steps=2,
+                             mean_response_len=400, **kw)
+        return next(s for s in segs if s.phase == "generation").end
+    assert generation(lengths="exponential") < generation()  # every response to 2,000 tokens
+    assert generation(lengths="exponential") < first.end  # the same lengths at 0.7 of the roof

@@ -50,9 +50,11 @@ Which side each simplification favours (generation's share of the step):
 
 - decoding at its roofline bound, ideal TP, no kernel launches, no KV-cache
   limit on the batch: generation looks faster, its share *smaller*;
-- every response as long as the longest (``mean_response_len`` lets the
-  trained tokens be fewer): decode steps are set by the longest response, so
-  this is right for generation, and with the mean it is right for training;
+- every response as long as the longest (``lengths="longest"``, the default;
+  ``mean_response_len`` lets the trained tokens be fewer): decode steps are set
+  by the longest response, but the batch shrinks as shorter ones finish, so
+  this over-charges generation; ``lengths="exponential"`` decodes a censored
+  exponential of the mean instead (:func:`response_lengths`), an assumed shape;
 - training at a fixed ``mfu`` with no padding, no gradient checkpointing
   recompute and no optimizer-step time: training looks faster, the share *larger*;
 - all models of the policy's size unless told (InstructGPT used a 6B reward
@@ -66,6 +68,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -201,48 +204,106 @@ def weight_sync_seconds(n_params: float, n_gpus: int, tp: int, bandwidth_bytes_p
     return nbytes / bandwidth_bytes_per_s
 
 
+LENGTH_MODELS = ("longest", "exponential")
+"""How long the responses of a step are: every one as long as the longest allowed, or
+:func:`response_lengths`' censored exponential with the published mean."""
+
+
+def response_lengths(n_sequences: int, mean_len: float, max_len: int) -> np.ndarray:
+    """``n_sequences`` response lengths with mean ``mean_len``, none longer than ``max_len``: a censored exponential.
+
+    ``L = min(ceil(X), max_len)`` with ``X`` exponential of scale ``theta``, so
+    ``E[L] ~ theta (1 - exp(-max_len / theta))``; ``theta`` is found by bisection
+    so that the lengths' mean is ``mean_len``. The share ``exp(-max_len / theta)``
+    hits the cap, as truncated responses do in RL. The lengths sit at the
+    quantiles ``(i + 1/2) / n``, so the result is deterministic. An assumption:
+    the published runs give the mean length, not the distribution, and decode
+    time depends on the tail (the step ends when the longest response does).
+    """
+    check_positive_int("n_sequences", n_sequences)
+    check_positive_int("max_len", max_len)
+    if not 1 <= check_positive("mean_len", mean_len) < max_len:
+        raise ValueError(f"mean_len must be in [1, max_len = {max_len}), got {mean_len!r}")
+    u = (np.arange(n_sequences) + 0.5) / n_sequences
+
+    def lengths(theta: float) -> np.ndarray:
+        return np.minimum(np.maximum(np.ceil(-theta * np.log1p(-u)), 1), max_len)
+
+    lo, hi = 1e-9, 1e9
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if lengths(mid).mean() < mean_len else (lo, mid)
+    return lengths(hi)[::-1].astype(np.int64)
+
+
 def generation_seconds(model: PolicyModel, n_sequences: int, prompt_len: int, response_len: int,
-                       n_gpus: int = 8, tp: int = 1, gpu: str = "H100-SXM", mfu: float = 0.4) -> float:
+                       n_gpus: int = 8, tp: int = 1, gpu: str = "H100-SXM", mfu: float = 0.4,
+                       lengths: str = "longest", mean_response_len: float | None = None,
+                       decode_fraction: Callable[[int], float] | None = None) -> float:
     """Seconds to generate ``response_len`` tokens for each of ``n_sequences`` sequences on ``n_gpus`` GPUs.
 
     The sequences are split over ``n_gpus / tp`` replicas; a replica prefills its
-    prompts (``2 N P`` FLOPs each, at ``mfu`` of peak) and then runs
-    ``response_len`` decode steps, step ``t`` at context ``P + t``, each at its
-    roofline bound (:func:`utils.gpu.roofline.min_seconds`) divided by ``tp``.
-    Raises ``ValueError`` if the bf16 weights split ``tp`` ways do not fit in one GPU.
+    prompts (``2 N P`` FLOPs each, at ``mfu`` of peak) and then runs decode
+    steps, step ``t`` at context ``P + t``, each at its roofline bound
+    (:func:`utils.gpu.roofline.min_seconds`) divided by ``tp``. With
+    ``lengths="longest"`` every sequence decodes ``response_len`` tokens; with
+    ``"exponential"`` the lengths are :func:`response_lengths` of mean
+    ``mean_response_len`` capped at ``response_len``, dealt to the replicas in
+    turn from the longest, and step ``t`` of the slowest replica decodes only its
+    sequences still running. ``decode_fraction(batch)``, if given, is the
+    fraction of the roof a decode step of that batch reaches (e.g.
+    :func:`utils.serving.costs.calibrated.decode_fraction`); each step's time
+    is divided by it. Raises ``ValueError`` if the bf16 weights split ``tp``
+    ways do not fit in one GPU.
     """
     check_positive_int("n_sequences", n_sequences)
     check_positive_int("prompt_len", prompt_len)
     check_positive_int("response_len", response_len)
     _check_parallel(n_gpus, tp)
     _check_mfu(mfu)
+    if lengths not in LENGTH_MODELS:
+        raise ValueError(f"lengths must be one of {LENGTH_MODELS}, got {lengths!r}")
     g = hardware.spec(gpu)
     if 2 * model.n_params / tp >= g.hbm_bytes:
         raise ValueError(f"{model.name}'s bf16 weights ({2 * model.n_params / 1e9:.0f} GB) split {tp} ways do not fit "
                          f"in one {gpu} ({g.hbm_bytes / 1e9:.0f} GB): raise tp")
-    per_replica = math.ceil(n_sequences / (n_gpus // tp))
+    replicas = n_gpus // tp
+    per_replica = math.ceil(n_sequences / replicas)
     prefill = FORWARD_FLOPS_PER_PARAM_PER_TOKEN * model.n_params_read * per_replica * prompt_len
     seconds = prefill / (g.flops("bf16") * mfu * tp)
-    steps = _decode_step_seconds(model, per_replica, np.arange(prompt_len, prompt_len + response_len), gpu) / tp
+    if lengths == "longest":
+        batches = np.full(response_len, per_replica)
+    else:
+        if mean_response_len is None:
+            raise ValueError('lengths="exponential" needs mean_response_len, the published mean response length')
+        slowest = response_lengths(n_sequences, mean_response_len, response_len)[::replicas]
+        batches = (slowest[None, :] > np.arange(response_len)[:, None]).sum(axis=1)
+        batches = batches[batches > 0]
+    contexts = np.arange(prompt_len, prompt_len + len(batches))
+    steps = _decode_step_seconds(model, batches, contexts, gpu) / tp
+    if decode_fraction is not None:
+        fractions = {int(b): decode_fraction(int(b)) for b in np.unique(batches)}
+        steps = steps / np.array([fractions[int(b)] for b in batches])
     for step in steps.tolist():  # summed in order, as one decode_step_cost after the other
         seconds += step
     return seconds
 
 
-def _decode_step_seconds(model: PolicyModel, batch: int, contexts: np.ndarray, gpu: str) -> np.ndarray:
-    """``min_seconds(decode_step_cost(model.n_params_read, model.attention, batch, c), gpu, "bf16")`` for each ``c``.
+def _decode_step_seconds(model: PolicyModel, batch: int | np.ndarray, contexts: np.ndarray, gpu: str) -> np.ndarray:
+    """``min_seconds(decode_step_cost(model.n_params_read, model.attention, b, c), gpu, "bf16")`` for each ``c``.
 
-    The same operations in the same order on an array of contexts (float64; the cache's bytes an
-    exact integer, then rounded to float as the scalar sum rounds it), so each element equals the
-    scalar call bit for bit (tests/rl/test_rlhf_cost.py): a response of 8,192 tokens costs a few
-    array operations instead of 8,192 calls.
+    ``batch`` is one batch for every step, or one per step. The same operations in the same order on an
+    array of contexts (float64; the cache's bytes an exact integer, then rounded to float as the scalar
+    sum rounds it), so each element equals the scalar call bit for bit (tests/rl/test_rlhf_cost.py): a
+    response of 8,192 tokens costs a few array operations instead of 8,192 calls.
     """
     config, g, bytes_per_elem = model.attention, hardware.spec(gpu), 2
     attended = contexts if config.sliding_window is None else np.minimum(contexts, config.sliding_window)
-    flops = batch * (2.0 * model.n_params_read
-                     + 4.0 * config.n_layers * config.n_heads * config.head_dim * attended)
-    cache_per_token = 2 * bytes_per_elem * config.n_layers * config.n_kv_heads * config.head_dim * batch
-    cache = np.array([float(cache_per_token * tokens) for tokens in attended.tolist()])
+    batches = np.broadcast_to(np.asarray(batch), attended.shape)
+    flops = batches * (2.0 * model.n_params_read
+                       + 4.0 * config.n_layers * config.n_heads * config.head_dim * attended)
+    cache_per_token = 2 * bytes_per_elem * config.n_layers * config.n_kv_heads * config.head_dim
+    cache = np.array([float(cache_per_token * b * tokens) for b, tokens in zip(batches.tolist(), attended.tolist())])
     nbytes = float(model.n_params_read) * bytes_per_elem + cache
     return np.maximum(flops / g.flops("bf16"), nbytes / g.hbm_bandwidth)
 
@@ -271,7 +332,8 @@ def rlhf_step_time(algorithm: str, model: PolicyModel, n_prompts: int, group_siz
                    reference: bool = True, reward_model: bool = True, epochs: int = 1, old_log_probs: bool = True,
                    weight_sync: bool = True, micro_batch_size: int = 4, mean_response_len: int | None = None,
                    bandwidth_bytes_per_s: float | None = None, generate: bool = True, trainer: str = "zero3",
-                   trainer_pp: int = 1, optimizer_steps: int = 1) -> StepTime:
+                   trainer_pp: int = 1, optimizer_steps: int = 1, lengths: str = "longest",
+                   decode_fraction: Callable[[int], float] | None = None) -> StepTime:
     """Seconds of one step of ``algorithm`` for ``n_prompts`` prompts on ``n_gpus`` colocated GPUs (module docstring).
 
     PPO and GRPO generate ``group_size`` responses per prompt (PPO usually 1),
@@ -281,8 +343,11 @@ def rlhf_step_time(algorithm: str, model: PolicyModel, n_prompts: int, group_siz
     PPO's value model) ``epochs`` times, and sync the weights if ``weight_sync``.
     Every phase runs on all ``n_gpus``, one after the other (colocated placement;
     :mod:`utils.rl.rollout_systems` times the others). Decoding runs
-    ``response_len`` steps (the longest response); the later phases see
-    ``mean_response_len`` tokens per response (default ``response_len``).
+    ``response_len`` steps (the longest response) at the full batch with
+    ``lengths="longest"``, or over :func:`response_lengths` with
+    ``"exponential"`` (:func:`generation_seconds`, which also takes
+    ``decode_fraction``); the later phases see ``mean_response_len`` tokens
+    per response (default ``response_len``).
     ZeRO-3 gathers run per micro-batch of ``micro_batch_size`` sequences per GPU
     at ``bandwidth_bytes_per_s`` (default :func:`link_bandwidth`) when ``trainer`` is
     ``"zero3"``; a ``"megatron"`` trainer (TP ``tp``, PP ``trainer_pp``) instead
@@ -336,8 +401,8 @@ def rlhf_step_time(algorithm: str, model: PolicyModel, n_prompts: int, group_siz
     if algorithm == "dpo":
         return StepTime(0.0, 0.0, epochs * TRAINING_FLOPS_PER_PARAM_PER_TOKEN * n * tokens / cluster_flops,
                         communication=epochs * exposed_training)
-    generation = generation_seconds(model, sequences, prompt_len, response_len, n_gpus, tp, gpu,
-                                    mfu) if generate else 0.0
+    generation = generation_seconds(model, sequences, prompt_len, response_len, n_gpus, tp, gpu, mfu, lengths,
+                                    mean_len, decode_fraction) if generate else 0.0
     scorers = int(reference) + int(reward_model) + int(algorithm == "ppo")
     forward = FORWARD_FLOPS_PER_PARAM_PER_TOKEN * n * tokens / cluster_flops
     trained = 2 if algorithm == "ppo" else 1

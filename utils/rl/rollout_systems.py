@@ -148,7 +148,9 @@ def step_timeline(placement: str, algorithm: str, model: PolicyModel, n_prompts:
         return out
     n_train = n_gpus - n_rollout
     gen = generation_seconds(model, n_prompts * group_size, prompt_len, response_len, n_rollout, tp,
-                             step_kwargs.get("gpu", "H100-SXM"), step_kwargs.get("mfu", 0.4))
+                             step_kwargs.get("gpu", "H100-SXM"), step_kwargs.get("mfu", 0.4),
+                             step_kwargs.get("lengths", "longest"),
+                             step_kwargs.get("mean_response_len") or response_len, step_kwargs.get("decode_fraction"))
     t = rlhf_step_time(algorithm, model, n_prompts, group_size, prompt_len, response_len, n_train, 1,
                        **{**step_kwargs, "weight_sync": False, "generate": False})
     score, train = t.old_log_probs + t.scoring, t.training + t.communication

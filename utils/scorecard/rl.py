@@ -7,7 +7,12 @@ times for Llama 3.1 8B on DGX-H100, the one model of those tables the cost
 model offers. The recipe files give the batch (64 prompts x 32 samples), the
 longest sequence (4,096 tokens), the micro-batch (1) and the GPU split; the
 table gives the mean sequence length, the training batch (T-GBS 512, so four
-optimizer steps per RL step) and the trainer: Megatron-core, PP 2. The prompt length is not published:
+optimizer steps per RL step) and the trainer: Megatron-core, PP 2. The
+rollouts are priced as vLLM would decode them: response lengths of the
+published mean (an assumed censored exponential, capped at the longest
+allowed), each decode step at the fraction of the roof that the serving
+scorecard's fit rows give (:mod:`utils.serving.costs.calibrated`; nothing
+was fitted on these rows, so they stay holdout). The prompt length is not published:
 every row assumes :data:`PROMPT_LEN` (any value from 64 to 512 moves the
 predictions by under 1%).
 
@@ -24,6 +29,7 @@ from utils.parallel import training as _training
 from utils.rl import rlhf_cost as _rlhf
 from utils.rl import rollout_systems as _rollout
 from utils.scorecard.record import Entry
+from utils.serving.costs import calibrated as _calibrated
 
 NEMO_RL = "NVIDIA-NeMo/RL, docs/about/performance-summary.md"
 NEMO_RL_VERSIONS = {
@@ -45,15 +51,20 @@ TRAIN_GLOBAL_BATCH = 512
 TRAINER_PP = 2
 """The Megatron trainer's pipeline stages, from the table's training layout (TP 1)."""
 
-_OMITS = ("every sequence decoded to the longest allowed response (4,096 - prompt tokens) instead of the length "
-          "distribution; no optimizer step, recompute or logits work; the Megatron trainer's gradient and "
+_OMITS = ("response lengths assumed a censored exponential of the published mean (the step ends with the longest); "
+          "training at 0.4 MFU with no optimizer step, recompute or logits work; the Megatron trainer's gradient and "
           "parameter syncs charged in full, its pipeline bubble left out; refit from one rank")
+
+
+def _decode_fraction(batch: int) -> float:
+    """The serving scorecard's calibrated fraction of the roof a decode step reaches (looked up when called)."""
+    return _calibrated.decode_fraction(batch, _calibrated.ACHIEVED)
 
 
 def _step_kwargs(mean_len: int) -> dict[str, object]:
     return dict(reward_model=False, reference=True, old_log_probs=True, epochs=1, micro_batch_size=1,
                 mean_response_len=mean_len - PROMPT_LEN, trainer="megatron", trainer_pp=TRAINER_PP,
-                optimizer_steps=64 * 32 // TRAIN_GLOBAL_BATCH)
+                optimizer_steps=64 * 32 // TRAIN_GLOBAL_BATCH, lengths="exponential", decode_fraction=_decode_fraction)
 
 
 def on_policy_seconds(mean_len: int) -> float:

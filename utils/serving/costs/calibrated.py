@@ -75,12 +75,18 @@ ROOF = Achieved(1.0, 1.0, 1.0)
 """The roofline itself: every function here with ``achieved=ROOF`` returns the bound."""
 
 
-def decode_fraction(batch: int, achieved: Achieved = ACHIEVED) -> float:
+def _resolve(achieved: Achieved | None) -> Achieved:
+    """``achieved``, or :data:`ACHIEVED` as it is when called (so a refit constant moves every caller)."""
+    return (ACHIEVED if achieved is None else achieved).check()
+
+
+def decode_fraction(batch: int, achieved: Achieved | None = None) -> float:
     """The fraction of the roof a decode step of ``batch`` sequences reaches: latency- or throughput-bound."""
+    achieved = _resolve(achieved)
     return achieved.latency_decode if check_positive_int("batch", batch) <= LATENCY_BATCH else achieved.decode
 
 
-def prefill_share_seconds(model: ServedModel, prompt_len: int, roof: Roof, achieved: Achieved = ACHIEVED) -> float:
+def prefill_share_seconds(model: ServedModel, prompt_len: int, roof: Roof, achieved: Achieved | None = None) -> float:
     """One request's share of a prefill step of up to :data:`PREFILL_TOKENS` tokens, over ``achieved.prefill``.
 
     ``k = max(1, PREFILL_TOKENS // prompt_len)`` prompts share the step, so the
@@ -88,7 +94,7 @@ def prefill_share_seconds(model: ServedModel, prompt_len: int, roof: Roof, achie
     as one step of its own length.
     """
     k = max(1, PREFILL_TOKENS // check_positive_int("prompt_len", prompt_len))
-    return step_time.prefill_seconds(model, prompt_len, roof, batch=k) / k / achieved.check().prefill
+    return step_time.prefill_seconds(model, prompt_len, roof, batch=k) / k / _resolve(achieved).prefill
 
 
 def kv_batch_limit(model: ServedModel, hbm_bytes: float, context: int, kv_memory_fraction: float = 0.9) -> int:
@@ -118,7 +124,7 @@ class ServingPoint(NamedTuple):
 
 
 def continuous(model: ServedModel, roof: Roof, hbm_bytes: float, prompt_len: int, output_len: int,
-               concurrency: int | None = None, achieved: Achieved = ACHIEVED, kv_memory_fraction: float = 0.9,
+               concurrency: int | None = None, achieved: Achieved | None = None, kv_memory_fraction: float = 0.9,
                max_batch: int = 2048) -> ServingPoint:
     """Steady-state continuous batching of requests of ``prompt_len`` in, ``output_len`` out.
 
@@ -128,7 +134,7 @@ def continuous(model: ServedModel, roof: Roof, hbm_bytes: float, prompt_len: int
     memory of all the GPUs that share the model.
     """
     check_positive_int("output_len", output_len)
-    achieved.check()
+    achieved = _resolve(achieved)
     limit = min(kv_batch_limit(model, hbm_bytes, prompt_len + output_len, kv_memory_fraction),
                 check_positive_int("max_batch", max_batch))
     if limit == 0:
@@ -143,13 +149,14 @@ def continuous(model: ServedModel, roof: Roof, hbm_bytes: float, prompt_len: int
 
 
 def static_batch(model: ServedModel, roof: Roof, batch: int, prompt_len: int, output_len: int,
-                 achieved: Achieved = ACHIEVED) -> Generation:
+                 achieved: Achieved | None = None) -> Generation:
     """:func:`~utils.serving.costs.step_time.serve_batch` with each phase over its achieved fraction.
 
     The ``batch`` prompts are prefilled together (one step, as in ``serve_batch``), then decoded together.
     """
     check_positive_int("output_len", output_len)
-    ttft = step_time.prefill_seconds(model, prompt_len, roof, batch) / achieved.check().prefill
+    achieved = _resolve(achieved)
+    ttft = step_time.prefill_seconds(model, prompt_len, roof, batch) / achieved.prefill
     fraction = decode_fraction(batch, achieved)
     steps = [step_time.decode_step_seconds(model, batch, prompt_len + j, roof) / fraction
              for j in range(1, output_len)]
