@@ -265,3 +265,16 @@ def test_a_decode_fraction_divides_every_decode_step():
 def test_bad_length_models_are_refused(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_recompute_adds_one_forward_to_every_trained_pass():
+    m = policy_model("Llama-3-8B")
+    plain = rlhf_step_time("grpo", m, 16, 8, 256, 1024, epochs=2)
+    again = rlhf_step_time("grpo", m, 16, 8, 256, 1024, epochs=2, recompute=True)
+    assert again.training == pytest.approx(plain.training * 8 / 6, rel=1e-12)
+    assert (again.scoring, again.old_log_probs, again.generation) == (plain.scoring, plain.old_log_probs,
+                                                                      plain.generation)
+    dpo = rlhf_step_time("dpo", m, 16, 2, 256, 1024)
+    assert rlhf_step_time("dpo", m, 16, 2, 256, 1024, recompute=True).training == pytest.approx(dpo.training * 8 / 6)
+    with pytest.raises(ValueError, match="recompute must be True or False"):
+        rlhf_step_time("grpo", m, 16, 8, 256, 1024, recompute="yes")

@@ -48,15 +48,15 @@ the GPUs' peak.
 
 Which side each simplification favours (generation's share of the step):
 
-- decoding at its roofline bound, ideal TP, no kernel launches, no KV-cache
+- decoding at its roofline bound (unless ``decode_fraction``), ideal TP, no kernel launches, no KV-cache
   limit on the batch: generation looks faster, its share *smaller*;
 - every response as long as the longest (``lengths="longest"``, the default;
   ``mean_response_len`` lets the trained tokens be fewer): decode steps are set
   by the longest response, but the batch shrinks as shorter ones finish, so
   this over-charges generation; ``lengths="exponential"`` decodes a censored
   exponential of the mean instead (:func:`response_lengths`), an assumed shape;
-- training at a fixed ``mfu`` with no padding, no gradient checkpointing
-  recompute and no optimizer-step time: training looks faster, the share *larger*;
+- training at a fixed ``mfu`` with no padding and no optimizer-step time, and
+  no recompute unless ``recompute``: training looks faster, the share *larger*;
 - all models of the policy's size unless told (InstructGPT used a 6B reward
   and value model for its 175B policy): training and scoring look *slower*,
   the share smaller.
@@ -333,7 +333,7 @@ def rlhf_step_time(algorithm: str, model: PolicyModel, n_prompts: int, group_siz
                    weight_sync: bool = True, micro_batch_size: int = 4, mean_response_len: int | None = None,
                    bandwidth_bytes_per_s: float | None = None, generate: bool = True, trainer: str = "zero3",
                    trainer_pp: int = 1, optimizer_steps: int = 1, lengths: str = "longest",
-                   decode_fraction: Callable[[int], float] | None = None) -> StepTime:
+                   decode_fraction: Callable[[int], float] | None = None, recompute: bool = False) -> StepTime:
     """Seconds of one step of ``algorithm`` for ``n_prompts`` prompts on ``n_gpus`` colocated GPUs (module docstring).
 
     PPO and GRPO generate ``group_size`` responses per prompt (PPO usually 1),
@@ -352,7 +352,10 @@ def rlhf_step_time(algorithm: str, model: PolicyModel, n_prompts: int, group_siz
     at ``bandwidth_bytes_per_s`` (default :func:`link_bandwidth`) when ``trainer`` is
     ``"zero3"``; a ``"megatron"`` trainer (TP ``tp``, PP ``trainer_pp``) instead
     synchronises gradients and parameters once per each of ``optimizer_steps``
-    (the samples split into that many global batches). DPO generates
+    (the samples split into that many global batches). ``recompute`` (full
+    activation checkpointing, Megatron's ``activation_checkpointing``) runs each
+    trained forward twice: ``8 N`` FLOPs per token per pass instead of ``6 N``
+    (Korthikanti et al. 2022, arXiv:2205.05198, section 5). DPO generates
     nothing: each prompt comes with a chosen and a rejected response
     (``group_size`` must be 2), reference log-probabilities precomputed.
     ``generate=False`` leaves generation (and ``tp``) to a separate rollout engine: 0 s here.
@@ -368,7 +371,7 @@ def rlhf_step_time(algorithm: str, model: PolicyModel, n_prompts: int, group_siz
     if trainer == "megatron" and n_gpus % (tp * trainer_pp):
         raise ValueError(f"a Megatron trainer needs n_gpus ({n_gpus}) divisible by tp x trainer_pp ({tp} x {trainer_pp})")
     for name, flag in (("reference", reference), ("reward_model", reward_model), ("old_log_probs", old_log_probs),
-                       ("weight_sync", weight_sync), ("generate", generate)):
+                       ("weight_sync", weight_sync), ("generate", generate), ("recompute", recompute)):
         _check_flag(name, flag)
     if algorithm == "dpo" and group_size != 2:
         raise ValueError(f"DPO compares a chosen and a rejected response: group_size must be 2, got {group_size}")
@@ -398,15 +401,16 @@ def rlhf_step_time(algorithm: str, model: PolicyModel, n_prompts: int, group_siz
         dp = n_gpus // (tp * trainer_pp)
         exposed_forward = 0.0
         exposed_training = optimizer_steps * 2 * (2 * n / (tp * trainer_pp)) * (dp - 1) / dp / bandwidth
+    per_pass = TRAINING_FLOPS_PER_PARAM_PER_TOKEN + (FORWARD_FLOPS_PER_PARAM_PER_TOKEN if recompute else 0)
     if algorithm == "dpo":
-        return StepTime(0.0, 0.0, epochs * TRAINING_FLOPS_PER_PARAM_PER_TOKEN * n * tokens / cluster_flops,
+        return StepTime(0.0, 0.0, epochs * per_pass * n * tokens / cluster_flops,
                         communication=epochs * exposed_training)
     generation = generation_seconds(model, sequences, prompt_len, response_len, n_gpus, tp, gpu, mfu, lengths,
                                     mean_len, decode_fraction) if generate else 0.0
     scorers = int(reference) + int(reward_model) + int(algorithm == "ppo")
     forward = FORWARD_FLOPS_PER_PARAM_PER_TOKEN * n * tokens / cluster_flops
     trained = 2 if algorithm == "ppo" else 1
-    training = epochs * trained * TRAINING_FLOPS_PER_PARAM_PER_TOKEN * n * tokens / cluster_flops
+    training = epochs * trained * per_pass * n * tokens / cluster_flops
     communication = (scorers + int(old_log_probs)) * exposed_forward + epochs * trained * exposed_training
     sync = weight_sync_seconds(n, n_gpus, tp, bandwidth) if weight_sync else 0.0
     return StepTime(generation, scorers * forward, training, forward if old_log_probs else 0.0, communication, sync)
