@@ -1,0 +1,1 @@
+"""Tests of utils.production, one file per module."""
