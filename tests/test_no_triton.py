@@ -45,7 +45,8 @@ assert not device.HAS_TRITON
 assert device.require_triton("This check") is False
 from utils.kernels import flash_attention, flash_attention_backward, flash_attention_hopper, llama_ops
 from utils.kernels import matmul, matmul_persistent, paged_attention, sfu, softmax, vector_add
-from utils.kernels import quant_matmul, split_kv_decode
+from utils.kernels import fused_linear_cross_entropy, quant_matmul, split_kv_decode
+assert fused_linear_cross_entropy.peak_logits_nbytes(8192, 128256, 1024) == 1024 * 128256 * 4
 assert split_kv_decode.choose_num_splits(1, 8, 32768, 132) == 33 and quant_matmul.kernel_block_k(4, 128) == 128
 assert len(matmul.AUTOTUNE_CONFIGS) == 10 and matmul.tile_intensity(128, 256, 64, 2) > 0
 assert torch.allclose(softmax.softmax_unfused(torch.zeros(2, 4)), torch.full((2, 4), 0.25))
