@@ -12,6 +12,8 @@ ring_allreduce_time``; nothing is re-exported here:
   level and across NVLink and a scale-out fabric;
 - :mod:`utils.parallel.comm.bandwidth`: link rates in Gb/s to bytes/s, and
   nccl-tests' algorithm and bus bandwidth;
+- :mod:`utils.parallel.comm.nccl_allreduce` and :mod:`utils.parallel.comm.nccl_protocols`: what NCCL's
+  all-reduce reaches in one NVLink domain, with the protocol its tuning model picks by size;
 - :mod:`utils.parallel.comm.topology`: switch fabrics (Clos, fat tree), their size
   and cost, and the published figures of real ones;
 - :mod:`utils.parallel.comm.wiring`: every cable of a small fabric, shortest paths,

@@ -1,6 +1,7 @@
 """Scorecard rows of the network models (part 2, chapters 2 and 5): ``collectives``: what NCCL reaches (:func:`~utils.parallel.comm.nccl_allreduce.nccl_allreduce_time`:
-one base latency plus the bytes each GPU sends at a fitted fraction of the
-NVLink line rate), turned into nccl-tests' bus bandwidth
+a fixed cost per call, then the protocol NCCL's own tuning model picks for
+the size (LL, LL128 or Simple: its latency plus the bytes each GPU sends at
+that protocol's share of a fitted fraction of the NVLink line rate), turned into nccl-tests' bus bandwidth
 (:mod:`utils.parallel.comm.bandwidth`), against published all-reduce sweeps on
 one 8-GPU NVSwitch node. Each row uses the algorithm the source says NCCL ran:
 the ring, or NVLink SHARP (NVLS). Link bandwidth is half the spec's two-way
@@ -38,10 +39,11 @@ STAS_H100_FIT = ("NVIDIA/nccl-tests issue 212, S. Jeaugey's answers of 2024-05-0
                  "\"a peak busBw of ~480GB/s (algbw ~275GB/s)\" with NVLS, at large sizes); NVIDIA/nccl issue 1455 "
                  "(8 H100 SXM, all_reduce_perf -b 2G -e 4G: ring 365-370, NVLS 480 GB/s at 8 GPUs)")
 H100_FIT_BUSBW = ((4 * GIB, 370.0, "ring"), (4 * GIB, 480.0, "nvls"))
-_RING_OMITS = ("NCCL's protocols (LL, LL128, Simple) and channel count chosen by size: one base latency for every "
-               "size, so the mid-size ramp of a sweep that climbs slowly (A100, 1-64 MiB) comes out too fast; trees")
-_NVLS_OMITS = ("NVLS priced as (n+1)/n of the buffer each way at one fitted fraction of the link (0.686, H100); "
-               "one base latency, no protocol or channel ramp between 2 MiB and the plateau")
+_RING_OMITS = ("NCCL's channel count chosen by size and its per-generation caps on LL and LL128 (llMaxBws: ring LL "
+               "at most 87.7 GB/s busbw on Ampere); NCCL before 2.21 priced ring LL at a quarter of the busbw, not "
+               "a half, and the A100 sweep's NCCL version is not stated; trees")
+_NVLS_OMITS = ("NVLS priced as (n+1)/n of the buffer each way at one fitted fraction of the link (0.686, H100), "
+               "Simple protocol only; no channel ramp between 2 MiB and the plateau")
 
 
 def _split(gpu: str, nbytes: int) -> str:
@@ -70,7 +72,8 @@ def _collective_entries() -> list[Entry]:
             f"{nbytes // KIB} KiB"
         out.append(Entry("collectives", f"all-reduce of {size} on 8 {gpu}, {'NVLS' if algorithm == 'nvls' else 'ring'}",
                          source, {"gpu": gpu, "n_gpus": 8, "nbytes": nbytes, "algorithm": algorithm,
-                                  "latency_s": "nccl_allreduce.ALLREDUCE_BASE_LATENCY_S (fitted, 43.5 us)"},
+                                  "latency_s": "nccl_allreduce.ALLREDUCE_BASE_LATENCY_S (fitted, 28.3 us) + the "
+                                                "protocol's latency (NCCL's tuning model)"},
                          "all-reduce bus bandwidth (nccl-tests' busbw)", "GB/s", busbw,
                          partial(allreduce_busbw_gb_per_s, gpu, 8, nbytes, algorithm), _split(gpu, nbytes),
                          _NVLS_OMITS if algorithm == "nvls" else _RING_OMITS))
