@@ -47,3 +47,18 @@ def test_a_straggler_makes_the_other_rank_wait_in_collectives(tmp_path):
 def test_bad_input_is_refused(tmp_path, call, message):
     with pytest.raises(ValueError, match=message):
         call(tmp_path)
+
+
+def test_time_step_grows_less_than_the_batch():
+    """Eight times the sequences cost well under eight times the time: the step's fixed cost per operator call."""
+    one, eight = ps.time_step(batch=1, seq_len=16, steps=3), ps.time_step(batch=8, seq_len=16, steps=3)
+    assert 0 < one < eight < 8 * one
+
+
+def test_quiet_kineto_drops_only_the_profiler_lines(capfd):
+    import os
+    with ps.quiet_kineto():
+        os.write(2, b"USDT:2026 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"a real warning\n")
+    err = capfd.readouterr().err
+    assert "profiler_start" not in err and "a real warning" in err

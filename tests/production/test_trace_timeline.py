@@ -30,7 +30,7 @@ def test_depths_lanes_and_absolute_times():
     assert [(e.name, e.depth) for e in events] == [
         ("forward", 0), ("aten::linear", 1), ("aten::addmm", 2), ("backward", 0), ("gloo:all_reduce", 1),
         ("aten::addmm", 1)]
-    assert {e.lane for e in events} == {"python / main"}
+    assert {e.lane for e in events} == {"main"}
     assert events[0].start_us == 5.0 and events[3].end_us == 305.0  # ts + baseTimeNanoseconds / 1000
 
 
@@ -39,7 +39,7 @@ def test_self_times_subtract_direct_children_only():
     assert tt.self_times(tt.read_chrome_trace(STEP)) == {
         "backward": (110.0, 1), "aten::addmm": (80.0, 2), "forward": (50.0, 1), "gloo:all_reduce": (40.0, 1),
         "aten::linear": (20.0, 1)}
-    assert tt.lane_busy_us(tt.read_chrome_trace(STEP)) == {"python / main": 300.0}
+    assert tt.lane_busy_us(tt.read_chrome_trace(STEP)) == {"main": 300.0}
 
 
 def test_merge_keeps_each_rank_in_its_lanes_on_a_shared_clock():
@@ -47,7 +47,7 @@ def test_merge_keeps_each_rank_in_its_lanes_on_a_shared_clock():
     rank1 = tt.read_chrome_trace(_trace([{"name": "backward", "cat": "user_annotation", "ts": 0, "dur": 50}],
                                         base_ns=95_000))
     merged = tt.merge({"rank 0": rank0, "rank 1": rank1})
-    assert sorted({e.lane for e in merged}) == ["rank 0: python / main", "rank 1: python / main"]
+    assert sorted({e.lane for e in merged}) == ["rank 0: main", "rank 1: main"]
     late = next(e for e in merged if e.lane.startswith("rank 1"))
     assert (late.start_us, late.depth) == (95.0, 0)  # rank 1's clock starts 90 us after rank 0's
     with pytest.raises(ValueError, match="at least one trace"):
@@ -104,3 +104,12 @@ def test_a_torch_profiler_trace_reads_back(tmp_path):
 def test_bad_input_is_refused(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_the_profilers_own_span_is_left_out_and_processes_named_when_several():
+    trace = _trace([{"name": "forward", "cat": "user_annotation", "ts": 0, "dur": 10}])
+    trace["traceEvents"].append({"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
+                                 "tid": "PyTorch Profiler", "ts": 0, "dur": 20})
+    assert [e.name for e in tt.read_chrome_trace(trace)] == ["forward"]
+    kept = tt.read_chrome_trace(trace, keep_profiler_spans=True)
+    assert sorted(e.lane for e in kept) == ["process Spans / thread PyTorch Profiler", "python / main"]

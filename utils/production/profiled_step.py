@@ -14,9 +14,14 @@ then wait in the gradient all-reduce, and the traces show where.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import statistics
+import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -28,6 +33,46 @@ from utils.validate import check_nonnegative, check_nonnegative_int, check_posit
 
 CONFIG = LlamaConfig(vocab=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2)
 """The profiled model: part 3's tiny LLaMA, two layers of width 64, grouped-query attention."""
+
+
+@contextlib.contextmanager
+def quiet_kineto() -> Iterator[None]:
+    """Drop the ``USDT: ... profiler_start`` / ``profiler_stop`` lines Kineto writes to stderr; keep every other line.
+
+    The C++ side writes to file descriptor 2, so this points it at a temporary
+    file for the duration and writes back what is not Kineto's start/stop log.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            kept = [line for line in capture.read().decode(errors="replace").splitlines(keepends=True)
+                    if not (line.startswith("USDT:") and "ActivityProfiler" in line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+
+
+def time_step(batch: int = 8, seq_len: int = 64, steps: int = 5, warmup: int = 2, seed: int = 0) -> float:
+    """Median seconds of one training step at ``batch`` sequences, without the profiler (after ``warmup`` steps)."""
+    check_positive_int("batch", batch)
+    check_positive_int("steps", steps)
+    check_nonnegative_int("warmup", warmup)
+    model, optimizer, tokens = _model_and_data(batch, seq_len, seed)
+    for _ in range(warmup):
+        training_step(model, optimizer, tokens)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        training_step(model, optimizer, tokens)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def training_step(model: nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
@@ -75,9 +120,10 @@ def profile_step(trace_path: str | Path, batch: int = 8, seq_len: int = 64, wait
     _check_schedule(wait, warmup, active)
     model, optimizer, tokens = _model_and_data(batch, seq_len, seed)
     path = str(trace_path)
-    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=wait, warmup=warmup, active=active),
-                 on_trace_ready=lambda p: p.export_chrome_trace(path), record_shapes=record_shapes,
-                 profile_memory=profile_memory) as prof:
+    with quiet_kineto(), profile(activities=[ProfilerActivity.CPU],
+                                 schedule=schedule(wait=wait, warmup=warmup, active=active),
+                                 on_trace_ready=lambda p: p.export_chrome_trace(path), record_shapes=record_shapes,
+                                 profile_memory=profile_memory) as prof:
         for _ in range(wait + warmup + active):
             training_step(model, optimizer, tokens)
             prof.step()
@@ -93,7 +139,7 @@ def _ddp_worker(rank: int, world_size: int, trace_dir: str, steps: int, straggle
     delay = straggle_seconds if rank == straggler else 0.0
     training_step(ddp, optimizer, tokens)  # untraced: DDP builds its buckets on the first backward
     dist.barrier()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with quiet_kineto(), profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             with record_function("train_step"):
                 training_step(ddp, optimizer, tokens, delay)

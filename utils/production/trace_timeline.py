@@ -69,13 +69,17 @@ def is_collective(name: str) -> bool:
     return any(word in lowered for word in _COLLECTIVE_WORDS) or lowered == "record_param_comms"
 
 
-def read_chrome_trace(trace: str | Path | Mapping[str, Any], lane_prefix: str = "") -> list[TraceEvent]:
+def read_chrome_trace(trace: str | Path | Mapping[str, Any], lane_prefix: str = "",
+                      keep_profiler_spans: bool = False) -> list[TraceEvent]:
     """The complete events of a Chrome trace (a path, or the loaded JSON), sorted by lane and start, with depths.
 
-    Lanes are named from the trace's ``process_name`` and ``thread_name``
-    metadata (``"python / thread 15030 (python)"``), prefixed by ``lane_prefix``
-    (a rank's name, when traces of several ranks are shown together). Times are
-    absolute: ``ts`` plus ``baseTimeNanoseconds / 1000`` when the trace has it.
+    Lanes are named from the trace's ``thread_name`` metadata (``"thread 15030
+    (python)"``), after its ``process_name`` when the trace has several
+    processes, and prefixed by ``lane_prefix`` (a rank's name, when traces of
+    several ranks are shown together). Times are absolute: ``ts`` plus
+    ``baseTimeNanoseconds / 1000`` when the trace has it. The profiler's own
+    span (category ``"Trace"``, ``"PyTorch Profiler (0)"``) is left out unless
+    ``keep_profiler_spans``.
     """
     data = _load(trace)
     events = data.get("traceEvents")
@@ -90,15 +94,17 @@ def read_chrome_trace(trace: str | Path | Mapping[str, Any], lane_prefix: str = 
                 process[e.get("pid")] = str(e["args"].get("name", e.get("pid")))
             elif e.get("name") == "thread_name":
                 thread[(e.get("pid"), e.get("tid"))] = str(e["args"].get("name", e.get("tid")))
+    complete = [e for e in events if e.get("ph") == "X" and (keep_profiler_spans or e.get("cat") != "Trace")]
+    several = len({e.get("pid") for e in complete}) > 1
     raw = []
-    for e in events:
-        if e.get("ph") != "X":
-            continue
+    for e in complete:
         duration = float(e.get("dur", 0))
         if duration < 0:
             raise ValueError(f"event {e.get('name')!r} has a negative duration ({duration} us)")
         pid, tid = e.get("pid"), e.get("tid")
-        lane = f"{process.get(pid, f'process {pid}')} / {thread.get((pid, tid), f'thread {tid}')}"
+        lane = thread.get((pid, tid), f"thread {tid}")
+        if several:
+            lane = f"{process.get(pid, f'process {pid}')} / {lane}"
         raw.append((lane_prefix + lane, str(e.get("name", "?")), str(e.get("cat", "")), base_us + float(e["ts"]),
                     duration, MappingProxyType(dict(e.get("args", {})))))
     return _with_depths(raw)
@@ -214,9 +220,10 @@ def timeline_html(events: Sequence[TraceEvent], title: str = "Trace timeline", w
         y += depth_of[lane] * row_height + 6
     height = y + axis
     scale = plot_w / (t1 - t0)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+    parts = [f'<svg class="trace-timeline" xmlns="http://www.w3.org/2000/svg" width="100%" '
+             f'style="max-width:{width}px;height:auto;font-family:sans-serif;font-size:11px" '
              f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(title)}: {len(shown)} events on '
-             f'{len(lanes)} lanes over {(t1 - t0) / 1000:.3g} ms" style="font-family:sans-serif;font-size:11px">',
+             f'{len(lanes)} lanes over {(t1 - t0) / 1000:.3g} ms">',
              f'<text x="4" y="14" font-weight="bold">{html.escape(title)}</text>']
     for lane in lanes:
         parts.append(f'<text x="4" y="{y_of[lane] + row_height - 3}">{html.escape(_short(lane, 34))}</text>')

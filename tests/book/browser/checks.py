@@ -187,3 +187,30 @@ def check_widgets(page: Page) -> list[str]:
         label = page.locator(first).get_attribute("data-control")
         problems += _frame_changes(page, img, _move(page, first), f"{name} control {label!r}")
     return problems
+
+
+def check_timelines(page: Page) -> list[str]:
+    """Every trace timeline (``svg.trace-timeline``, :mod:`utils.production.trace_timeline`) is drawn with bars,
+    each bar has a tooltip, and the figure has an accessible name."""
+    problems = []
+    infos = page.evaluate(
+        """() => [...document.querySelectorAll('svg.trace-timeline')].map(svg => {
+               const rects = [...svg.querySelectorAll('rect')];
+               const box = svg.getBoundingClientRect();
+               return {label: svg.getAttribute('aria-label') || '', role: svg.getAttribute('role'),
+                       width: box.width, height: box.height, rects: rects.length,
+                       untitled: rects.filter(r => !(r.querySelector('title')?.textContent || '').trim()).length,
+                       drawn: rects.filter(r => r.getBoundingClientRect().width > 0).length};
+           })"""
+    )
+    for k, info in enumerate(infos):
+        name = f"timeline {k + 1}"
+        if info["width"] <= 0 or info["height"] <= 0:
+            problems.append(f"{name}: not drawn ({info['width']} x {info['height']} px)")
+        if info["rects"] == 0 or info["drawn"] == 0:
+            problems.append(f"{name}: no bar drawn ({info['rects']} rect elements, {info['drawn']} visible)")
+        if info["untitled"]:
+            problems.append(f"{name}: {info['untitled']} bars without a <title> tooltip")
+        if info["role"] != "img" or not info["label"].strip():
+            problems.append(f"{name}: needs role=img and an aria-label")
+    return problems

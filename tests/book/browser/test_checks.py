@@ -10,7 +10,7 @@ import zlib
 import pytest
 
 import tests.book.browser.conftest as conftest
-from tests.book.browser.checks import check_animations, check_images, check_widgets
+from tests.book.browser.checks import check_animations, check_images, check_timelines, check_widgets
 from tests.book.browser.conftest import serve_directory
 
 
@@ -138,3 +138,22 @@ def test_a_page_that_never_goes_idle_fails_naming_the_request(open_page: object,
         with pytest.raises(pytest.fail.Exception, match=r"never went idle, twice; still in flight: \[.*slow\.txt"), \
                 pytest.warns(UserWarning, match=r"loading it again; in flight: \[.*slow\.txt"):
             open_page(base + "page.html")
+
+
+def test_timelines_need_bars_tooltips_and_a_name(browser: object) -> None:
+    from utils.production import trace_timeline as tt
+
+    events = tt.read_chrome_trace({"traceEvents": [
+        {"ph": "X", "name": "forward", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": 0, "dur": 10},
+        {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 2, "dur": 5}]})
+    good = tt.timeline_html(events)
+    broken = (good.replace('role="img"', "").replace("<title>", "<desc>").replace("</title>", "</desc>"))
+    empty = '<svg class="trace-timeline" role="img" aria-label="x" width="100" height="20"></svg>'
+    page = browser.new_page()
+    page.set_content(f"<html><body>{good}</body></html>")
+    assert check_timelines(page) == []
+    page.set_content(f"<html><body>{good}{broken}{empty}</body></html>")
+    problems = check_timelines(page)
+    assert problems == ["timeline 2: 2 bars without a <title> tooltip", "timeline 2: needs role=img and an aria-label",
+                        "timeline 3: no bar drawn (0 rect elements, 0 visible)"], problems
+    page.close()

@@ -2,7 +2,7 @@
 
 On each page: no console error, no failed request, no request to another host; every formula
 typeset; every image loaded; every animation and kernel-free widget drawn, and moving one of its
-controls changes the picture; every link of the sidebar answers.
+controls changes the picture; every trace timeline drawn with a tooltip per bar; every link of the sidebar answers.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.book.browser.checks import check_animations, check_images, check_math, check_widgets
+from tests.book.browser.checks import check_animations, check_images, check_math, check_timelines, check_widgets
 from tests.book.browser.conftest import book_root
 from tests.book.site_links import html_pages
 
@@ -48,6 +48,7 @@ def test_page(page_path: str, site: tuple[Path, str], open_page: object, context
     _, base = site
     page, log = open_page(base + page_path)
     problems = check_math(page) + check_images(page) + check_animations(page) + check_widgets(page)
+    problems += check_timelines(page)
     problems += sidebar_problems(page, context)
     problems += log.problems()
     assert not problems, f"{page_path}:\n  " + "\n  ".join(problems)
