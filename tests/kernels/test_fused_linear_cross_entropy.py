@@ -13,12 +13,11 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from utils.device import device, manual_seed
 from utils.kernels import fused_linear_cross_entropy as flce
 from utils.kernels.fused_linear_cross_entropy import MAX_BLOCK_SIZE, fused_linear_cross_entropy, peak_logits_nbytes
+from utils.production.fused_training import LargestTensors
 from utils.parallel.model.logits_memory import chunked_cross_entropy
 
 FP32 = dict(rtol=1e-5, atol=1e-6)
@@ -161,30 +160,13 @@ def test_only_what_requires_grad_gets_a_gradient_and_no_grad_gives_the_same_loss
     torch.testing.assert_close(loss.double(), _reference(hidden, weight, targets)[0], **FP32)
 
 
-class _LargestTensors(TorchDispatchMode):
-    """Records the bytes and dtype of every tensor any aten op returns while active (Triton's interpreter shows up
-    too, as uint8 copies of the storages a kernel touches)."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.seen += [(t.numel() * t.element_size(), t.dtype) for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        return out
-
-    def largest_nbytes(self, dtype=None):
-        return max(n for n, dt in self.seen if dtype is None or dt == dtype)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_no_tensor_larger_than_chunk_size_by_vocab_is_ever_made(dtype):
     tokens, vocab, d, chunk_size = 48, 500, 4, 8  # chunk x V = 4,000 logits; tokens x V = 24,000; V x d = 2,000
     hidden, weight, targets = _problem(tokens, vocab, d, dtype)
-    with _LargestTensors() as fused:
+    with LargestTensors() as fused:
         fused_linear_cross_entropy(hidden, weight, targets, chunk_size=chunk_size).backward()
-    with _LargestTensors() as unfused:  # the probe sees the full logits when they exist
+    with LargestTensors() as unfused:  # the probe sees the full logits when they exist
         F.cross_entropy(hidden @ weight.T, targets).backward()
     element = torch.empty((), dtype=dtype).element_size()
     assert fused.largest_nbytes() == chunk_size * vocab * 4  # the fp32 buffer
