@@ -69,3 +69,16 @@ def test_cluster_mtbf_and_llama3():
 def test_bad_input_is_refused(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_an_interval_far_beyond_the_mtbf_never_finishes():
+    assert ci.expected_wall_seconds(HOUR, 1000 * HOUR, 60, HOUR) == math.inf
+    assert ci.goodput(1000 * HOUR, 60, HOUR) == 0.0
+
+
+def test_plot_goodput_marks_both_intervals():
+    import matplotlib
+    matplotlib.use("Agg")
+    fig = ci.plot_goodput(save_seconds=60, gpus=16_384)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels[0].startswith("Young: every") and labels[1].startswith("Daly: every")

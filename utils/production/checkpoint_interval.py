@@ -34,6 +34,7 @@ Generation Computer Systems 22(3), 2006.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from utils.published import Published
 from utils.validate import check_nonnegative, check_positive, check_positive_int
@@ -45,8 +46,6 @@ LLAMA3_INTERRUPTIONS: dict[str, Published] = {
     "interruptions": Published(466, "job interruptions", f"{LLAMA3}, text"),
     "planned": Published(47, "planned interruptions", f"{LLAMA3}, text"),
     "unexpected": Published(419, "unexpected interruptions", f"{LLAMA3}, text and Table 5"),
-    "faulty_gpu": Published(148, "interruptions: faulty GPU", f"{LLAMA3}, Table 5 (30.1 %)"),
-    "gpu_hbm3": Published(72, "interruptions: GPU HBM3 memory", f"{LLAMA3}, Table 5 (17.2 %)"),
 }
 """Llama 3's interruption counts over its 54-day snapshot on 16,384 H100s."""
 
@@ -78,12 +77,15 @@ def expected_wall_seconds(work_seconds: float, interval_seconds: float, save_sec
     delta = check_nonnegative("save_seconds", save_seconds, finite=True)
     m = _positive("mtbf_seconds", mtbf_seconds)
     r = check_nonnegative("restart_seconds", restart_seconds, finite=True)
-    return m * math.exp(r / m) * math.expm1((tau + delta) / m) * ts / tau
+    try:
+        return m * math.exp(r / m) * math.expm1((tau + delta) / m) * ts / tau
+    except OverflowError:  # an interval hundreds of times the MTBF: the run never finishes
+        return math.inf
 
 
 def goodput(interval_seconds: float, save_seconds: float, mtbf_seconds: float, restart_seconds: float = 0.0) -> float:
     """The share of wall time spent on useful work, ``T_s / T_w`` (independent of ``T_s``)."""
-    return 1 / expected_wall_seconds(1.0, interval_seconds, save_seconds, mtbf_seconds, restart_seconds)
+    return 1 / expected_wall_seconds(1.0, interval_seconds, save_seconds, mtbf_seconds, restart_seconds)  # 1/inf = 0
 
 
 def best_interval(save_seconds: float, mtbf_seconds: float) -> float:
@@ -123,3 +125,33 @@ def llama3_job_mtbf_seconds() -> float:
 
 def _positive(name: str, value: float) -> float:
     return check_positive(name, value, finite=True)
+
+
+YEAR = 365 * 86_400.0
+
+
+def plot_goodput(save_seconds: float = 60.0, gpus: int = 16_384, gpu_mtbf_years: float = 5.8,
+                 restart_seconds: float = 600.0) -> Any:
+    """Goodput against the interval for one cluster (Young's and Daly's intervals marked), and the best goodput
+    against the cluster's size, for GPUs that each fail once per ``gpu_mtbf_years`` on average."""
+    import matplotlib.pyplot as plt
+
+    m = cluster_mtbf(_positive("gpu_mtbf_years", gpu_mtbf_years) * YEAR, check_positive_int("gpus", gpus))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.3))
+    taus = [save_seconds * 2 ** (k / 4) for k in range(0, 4 * 14)]
+    left.semilogx([t / 60 for t in taus], [goodput(t, save_seconds, m, restart_seconds) for t in taus], color="#4c72b0")
+    for name, tau, marker in (("Young", young_interval(save_seconds, m), "o"),
+                              ("Daly", daly_interval(save_seconds, m), "s")):
+        left.plot(tau / 60, goodput(tau, save_seconds, m, restart_seconds), marker, color="#c44e52",
+                  label=f"{name}: every {tau / 60:.1f} min")
+    left.set(xlabel="minutes of work between checkpoints", ylabel="goodput (useful share of wall time)",
+             title=f"{gpus:,} GPUs: a failure every {m / 3600:.1f} h, save {save_seconds:g} s")
+    left.legend(fontsize=8)
+    sizes = [2 ** k for k in range(8, 18)]
+    best = [goodput(daly_interval(save_seconds, cluster_mtbf(gpu_mtbf_years * YEAR, n)), save_seconds,
+                    cluster_mtbf(gpu_mtbf_years * YEAR, n), restart_seconds) for n in sizes]
+    right.semilogx(sizes, best, "o-", color="#55a868")
+    right.axvline(gpus, color="0.6", lw=0.8, ls="--")
+    right.set(xlabel="GPUs in the job", ylabel="goodput at Daly's interval", title="the same GPUs, more of them")
+    fig.tight_layout()
+    return fig
