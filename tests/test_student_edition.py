@@ -55,6 +55,9 @@ MISTAKES = {
     # every full block hashed: a prompt found whole in the cache leaves no token to run (the repeated 72 tokens)
     "01-a-serving-engine": ("serving-lab-prefix", "usable = (len(tokens) - 1) // self.block_size",
                             "usable = len(tokens) // self.block_size", HINT_TABLES["serving-prefix-last-token"]["some"]),
+    # the schedule's position not restored: the warm-up starts again (the first weights, RMSNorm's, all off by one factor)
+    "03-crash-and-resume": ("crash-restore", 'schedule.last_epoch = int(state["schedule"])', "schedule.last_epoch = 0",
+                            HINT_TABLES["crash-and-resume"]["scaled"]),
 }
 
 

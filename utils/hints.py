@@ -70,6 +70,11 @@ MISTAKES: dict[str, dict[str, str]] = {
         "scaled": "each micro-batch's loss is divided by m, so the gradients sum to the full batch's mean.",
         "some": "a stage must receive its input (or its output's gradient) before it runs that micro-batch.",
     },
+    "crash-and-resume": {
+        "some": "a resumed run that drifts from the uninterrupted one: did the checkpoint hold the optimizer (AdamW's "
+                "moments and step counts) and the schedule's position, and did restore put both back?",
+        "scaled": "the learning rate is off by a factor: the schedule's position (last_epoch) was not restored.",
+    },
     "activation-checkpointing": {
         "some": "restore the RNG state before recomputing the forward, so dropout draws the same mask.",
         "zeros": "backward must return the gradients of the inputs (None for run and n_inputs).",

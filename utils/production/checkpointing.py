@@ -56,7 +56,9 @@ def batch_for_step(step: int) -> torch.Tensor:
     return torch.randint(0, CONFIG.vocab, (BATCH, SEQ_LEN + 1), generator=generator)
 
 
-def _build(world_size: int, lr: float = 1e-2) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
+def build(world_size: int, lr: float = 1e-2) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
+    """The tiny LLaMA, FSDP2-sharded over ``world_size`` CPU ranks (each block, then the root), its AdamW and a
+    4-step linear warm-up (``LambdaLR``); call inside a process group. Seeded: every rank builds the same model."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -71,8 +73,10 @@ def _build(world_size: int, lr: float = 1e-2) -> tuple[nn.Module, torch.optim.Op
     return model, optimizer, schedule
 
 
-def _step(model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any, step: int, rank: int,
-          world_size: int) -> float:
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any, step: int, rank: int,
+               world_size: int) -> float:
+    """One step on this rank's share of :func:`batch_for_step` (every ``world_size``-th sequence); the mean loss
+    over all ranks."""
     tokens = batch_for_step(step)[rank::world_size]
     logits = model(tokens[:, :-1])
     loss = nn.functional.cross_entropy(logits.reshape(-1, CONFIG.vocab), tokens[:, 1:].reshape(-1))
@@ -122,7 +126,6 @@ def _load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, schedu
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     schedule.last_epoch = int(state["schedule"])
-    schedule._last_lr = [group["lr"] for group in optimizer.param_groups]
     rng = path / f"rng-rank{rank}.pt"
     if rng.exists():  # a run resumed on more ranks than it was saved from starts those ranks' streams afresh
         torch.set_rng_state(torch.load(rng))
@@ -131,7 +134,7 @@ def _load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, schedu
 
 def _worker(rank: int, world_size: int, folder: str, steps: int, every: int, resume: bool,
             kill_rank: int | None, kill_at: int | None, use_async: bool) -> dict[str, Any]:
-    model, optimizer, schedule = _build(world_size)
+    model, optimizer, schedule = build(world_size)
     start, losses, blocked = 0, {}, []
     if resume:
         latest = latest_checkpoint(folder)
@@ -141,7 +144,7 @@ def _worker(rank: int, world_size: int, folder: str, steps: int, every: int, res
     for step in range(start, steps):
         if kill_at is not None and step == kill_at and rank == kill_rank:
             os.kill(os.getpid(), signal.SIGKILL)  # the node dies: no exception, no cleanup
-        losses[step] = _step(model, optimizer, schedule, step, rank, world_size)
+        losses[step] = train_step(model, optimizer, schedule, step, rank, world_size)
         if every and (step + 1) % every == 0:
             blocked.append(_save(Path(folder), step, model, optimizer, schedule, rank, use_async))
     params = {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}
