@@ -73,7 +73,9 @@ MISTAKES: dict[str, dict[str, str]] = {
     "crash-and-resume": {
         "some": "a resumed run that drifts from the uninterrupted one: did the checkpoint hold the optimizer (AdamW's "
                 "moments and step counts) and the schedule's position, and did restore put both back?",
-        "scaled": "the learning rate is off by a factor: the schedule's position (last_epoch) was not restored.",
+        "scaled": "every weight off by about one factor (RMSNorm's weights sit near 1): the update's size changed, "
+                  "so the schedule's position (last_epoch) or the optimizer's state (AdamW's moments and step "
+                  "counts) was not restored.",
     },
     "activation-checkpointing": {
         "some": "restore the RNG state before recomputing the forward, so dropout draws the same mask.",
