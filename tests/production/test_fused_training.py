@@ -34,14 +34,14 @@ def test_the_foreach_passes_are_torchs():
         assert f"torch.{op}(" in source, op
 
 
-def test_logits_bytes_for_llama3_8b():
+def test_loss_memory_for_llama3_8b():
     """8,192 tokens x 128,256 words x 4 B = 4.2 GB per N x V tensor; the fused loss: one 1,024-token chunk
     (0.53 GB) and grad_hidden + grad_weight ((8,192 + 128,256) x 4,096 x 4 B = 2.24 GB)."""
-    m = ft.logits_bytes(8192, 128_256, 4096, chunk=1024)
+    m = ft.loss_memory(8192, 128_256, 4096, chunk=1024)
     assert m.unfused_saved == m.unfused_grad_in == m.unfused_grad_out == 8192 * 128_256 * 4
     assert m.fused_chunk == 1024 * 128_256 * 4
     assert m.fused_saved == (8192 + 128_256) * 4096 * 4
-    assert ft.logits_bytes(100, 1000, 8, chunk=1024).fused_chunk == 100 * 1000 * 4  # a chunk never exceeds N
+    assert ft.loss_memory(100, 1000, 8, chunk=1024).fused_chunk == 100 * 1000 * 4  # a chunk never exceeds N
 
 
 def test_the_probe_sees_the_largest_tensor():
@@ -60,6 +60,6 @@ def test_plot_and_bad_input():
     with pytest.raises(ValueError, match="implementation must be one of"):
         ft.adamw_bytes_per_param("apex")
     with pytest.raises(ValueError, match="chunk must be a positive int"):
-        ft.logits_bytes(10, 10, 10, chunk=0)
+        ft.loss_memory(10, 10, 10, chunk=0)
     with pytest.raises(ValueError, match="n_params must be a finite number > 0"):
         ft.adamw_step_seconds(0, 1e12)

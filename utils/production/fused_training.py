@@ -5,7 +5,7 @@
 logits and their log-softmax in forward (two ``N x V`` tensors; autograd keeps
 the log-softmax), and in backward the gradient that reaches the log-softmax and
 the gradient of the logits beside it: three ``N x V`` tensors at the peak, fp32
-when the loss is computed in fp32 (:func:`logits_bytes`). A fused linear + cross-entropy
+when the loss is computed in fp32 (:func:`loss_memory`). A fused linear + cross-entropy
 (:mod:`utils.kernels.fused_linear_cross_entropy`) holds one ``chunk x V``
 buffer at a time and keeps ``grad_hidden`` (``N x d``) and ``grad_weight``
 (``V x d``) from forward to backward instead.
@@ -31,6 +31,7 @@ from matplotlib.figure import Figure
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from utils.parallel.model.logits_memory import logits_bytes
 from utils.validate import check_positive, check_positive_int
 
 
@@ -86,22 +87,23 @@ class LogitsMemory(NamedTuple):
     fused_saved: int         # grad_hidden and grad_weight, kept from forward to backward
 
 
-def logits_bytes(tokens: int, vocab: int, hidden: int, chunk: int = 1024, element_bytes: int = 4) -> LogitsMemory:
+def loss_memory(tokens: int, vocab: int, hidden: int, chunk: int = 1024, element_bytes: int = 4) -> LogitsMemory:
     """The bytes of :class:`LogitsMemory` for ``tokens`` tokens, a ``vocab``-word output layer of width ``hidden``.
 
-    ``element_bytes`` is the loss's precision (4: fp32, as the book's fused kernel and PyTorch's loss compute it).
+    Each ``N x V`` tensor is part 2's :func:`utils.parallel.model.logits_memory.logits_bytes`; ``element_bytes``
+    is the loss's precision (4: fp32, as the book's fused kernel and PyTorch's loss compute it).
     """
     for name, value in (("tokens", tokens), ("vocab", vocab), ("hidden", hidden), ("chunk", chunk),
                         ("element_bytes", element_bytes)):
         check_positive_int(name, value)
-    full = tokens * vocab * element_bytes
-    return LogitsMemory(full, full, full, min(chunk, tokens) * vocab * element_bytes,
+    full = logits_bytes(1, tokens, vocab, element_bytes=element_bytes)
+    return LogitsMemory(full, full, full, logits_bytes(1, min(chunk, tokens), vocab, element_bytes=element_bytes),
                         (tokens * hidden + vocab * hidden) * element_bytes)
 
 
 def plot_logits_memory(vocab: int = 128_256, tokens: int = 8192, chunk: int = 1024, hidden: int = 4096) -> Figure:
-    """Bars of :func:`logits_bytes`: what the unfused loss holds at its peak against the fused one, in GB."""
-    m = logits_bytes(tokens, vocab, hidden, chunk)
+    """Bars of :func:`loss_memory`: what the unfused loss holds at its peak against the fused one, in GB."""
+    m = loss_memory(tokens, vocab, hidden, chunk)
     fig, ax = plt.subplots(figsize=(7.5, 2.6))
     rows = [("unfused", [("log-softmax (saved)", m.unfused_saved, "#c44e52"),
                          ("its incoming gradient", m.unfused_grad_in, "#dd8452"),

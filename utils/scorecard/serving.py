@@ -63,18 +63,20 @@ def _deployment_entries() -> list[Entry]:
     return out
 
 
-def _throughput(model: str, precision: str, gpu: str, tp: int, batch: int, prompt: int, output: int) -> float:
+def _served(model: str, precision: str) -> _step_time.ServedModel:
     bytes_per = 1 if precision == "fp8" else 2
-    served = _step_time.served_model(model, weight_bytes_per_param=bytes_per, kv_bytes_per_elem=bytes_per)
+    return _step_time.served_model(model, weight_bytes_per_param=bytes_per, kv_bytes_per_elem=bytes_per)
+
+
+def _throughput(model: str, precision: str, gpu: str, tp: int, batch: int, prompt: int, output: int) -> float:
     roof = _step_time.Roof.of(gpu, precision, n_chips=tp)
-    return _step_time.serve_batch(served, roof, batch, prompt, output).tokens_per_s / tp
+    return _step_time.serve_batch(_served(model, precision), roof, batch, prompt, output).tokens_per_s / tp
 
 
 def _prefill_rate(model: str, precision: str, gpu: str, tp: int, prompt: int) -> float:
     """Prompt tokens per second of one request's prefill: ``prompt / TTFT``, TTFT by :func:`prefill_seconds`."""
-    bytes_per = 1 if precision == "fp8" else 2
-    served = _step_time.served_model(model, weight_bytes_per_param=bytes_per, kv_bytes_per_elem=bytes_per)
-    return prompt / _step_time.prefill_seconds(served, prompt, _step_time.Roof.of(gpu, precision, n_chips=tp))
+    return prompt / _step_time.prefill_seconds(_served(model, precision), prompt,
+                                               _step_time.Roof.of(gpu, precision, n_chips=tp))
 
 
 _STEP_OMITS = ("a roofline bound: kernels below peak, launches, sampling, activations and the KV-cache writes; "
@@ -164,11 +166,6 @@ _NIM_ASSUMPTIONS = ("'H100 80G' read as H100 SXM (the page's hardware section co
 _CALIBRATED_OMITS = ("the fraction of the roof reached by phase is fitted, not explained: kernels below peak, "
                      "launches, sampling and scheduling; TP all-reduces left out; prefill priced apart from the "
                      "decodes it shares steps with; no queueing")
-
-
-def _served(model: str, precision: str) -> _step_time.ServedModel:
-    bytes_per = 1 if precision == "fp8" else 2
-    return _step_time.served_model(model, weight_bytes_per_param=bytes_per, kv_bytes_per_elem=bytes_per)
 
 
 def _continuous(model: str, gpu: str, tp: int, prompt: int, output: int, concurrency: int | None, field: str,
