@@ -56,6 +56,10 @@ MISTAKES = {
     "01-a-serving-engine": ("serving-lab-prefix", "usable = (len(tokens) - 1) // self.block_size",
                             "usable = len(tokens) // self.block_size", HINT_TABLES["serving-prefix-last-token"]["some"]),
     # the schedule's position not restored: the warm-up starts again (the first weights, RMSNorm's, all off by one factor)
+    # the mean's 1/N left out of the gradient: every element of it N times too large
+    "02-fused-linear-cross-entropy": ("flce-kernel", "tl.store(row_ptr + cols, grad * inv_n, mask=mask)",
+                                      "tl.store(row_ptr + cols, grad, mask=mask)",
+                                      HINT_TABLES["fused-linear-cross-entropy"]["scaled"]),
     "03-crash-and-resume": ("crash-restore", 'schedule.last_epoch = int(state["schedule"])', "schedule.last_epoch = 0",
                             HINT_TABLES["crash-and-resume"]["scaled"]),
 }

@@ -70,6 +70,18 @@ MISTAKES: dict[str, dict[str, str]] = {
         "scaled": "each micro-batch's loss is divided by m, so the gradients sum to the full batch's mean.",
         "some": "a stage must receive its input (or its output's gradient) before it runs that micro-batch.",
     },
+    "fused-linear-cross-entropy": {
+        "scaled": "the gradient of the mean loss is (softmax - one_hot) / N: multiply by inv_n in the kernel's second "
+                  "sweep, and divide the summed row losses by N.",
+        "row_scaled": "each row off by its own factor: the softmax is exp(z - lse) with lse = m + log(s) from the "
+                      "first sweep; is s rescaled by exp(m - m_new) whenever the running maximum grows?",
+        "nan": "an overflow: subtract the running maximum before exp, and rescale the running sum by exp(m - m_new) "
+               "when the maximum grows (other=-inf for the masked lanes, so they add exp(-inf) = 0).",
+        "tail": "the last, partial block: load past n_cols with other=-inf for the max and the sum (0 would add "
+                "exp(0 - m) terms), and mask the store.",
+        "some": "the target's logit: read z[target] before the second sweep overwrites the row, and subtract the "
+                "one-hot only at column target; in the chunk loop, rows start:stop of hidden, targets and the loss.",
+    },
     "crash-and-resume": {
         "some": "a resumed run that drifts from the uninterrupted one: did the checkpoint hold the optimizer (AdamW's "
                 "moments and step counts) and the schedule's position, and did restore put both back?",
