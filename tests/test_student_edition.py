@@ -33,6 +33,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from utils.hints import MISTAKES as HINT_TABLES
+from utils.production.slow_step import HINTS as SLOW_STEP_HINTS
 from utils.student_edition import GIVEN_TAG, SOLUTION_TAG, build, exercises, labs, student_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,6 +57,9 @@ MISTAKES = {
     "01-a-serving-engine": ("serving-lab-prefix", "usable = (len(tokens) - 1) // self.block_size",
                             "usable = len(tokens) // self.block_size", HINT_TABLES["serving-prefix-last-token"]["some"]),
     # the schedule's position not restored: the warm-up starts again (the first weights, RMSNorm's, all off by one factor)
+    # the optimizer left as a CPU's default: the trace check names it
+    "01-profile-find-fix": ("pff-fix", "torch.optim.AdamW(params, lr=1e-3, fused=True)",
+                            "torch.optim.AdamW(params, lr=1e-3, foreach=False)", SLOW_STEP_HINTS["unfused optimizer"]),
     # the mean's 1/N left out of the gradient: every element of it N times too large
     "02-fused-linear-cross-entropy": ("flce-kernel", "tl.store(row_ptr + cols, grad * inv_n, mask=mask)",
                                       "tl.store(row_ptr + cols, grad, mask=mask)",

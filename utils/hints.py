@@ -70,6 +70,13 @@ MISTAKES: dict[str, dict[str, str]] = {
         "scaled": "each micro-batch's loss is divided by m, so the gradients sum to the full batch's mean.",
         "some": "a stage must receive its input (or its output's gradient) before it runs that micro-batch.",
     },
+    "profile-find-fix": {
+        "some": "the fast step must compute what the slow one does: the mean cross-entropy over the real tokens "
+                "(ignore_index=ss.IGNORE, not a mean over every position), the clip factor "
+                "min(1, MAX_NORM / (norm + 1e-6)), then AdamW at lr 1e-3.",
+        "scaled": "every weight off by about one factor: the update's size differs, so the clip (MAX_NORM, the "
+                  "factor min(1, ...)) or AdamW's learning rate (1e-3) is not the slow step's.",
+    },
     "fused-linear-cross-entropy": {
         "scaled": "the gradient of the mean loss is (softmax - one_hot) / N: multiply by inv_n in the kernel's second "
                   "sweep, and divide the summed row losses by N.",
