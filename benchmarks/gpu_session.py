@@ -8,13 +8,16 @@ Run from the repository root on a CUDA machine (torch and triton, no Jupyter)::
 
 Steps, in order (``--steps`` picks some), each a child process stopped at the shared deadline:
 
-1. ``env``: ``nvidia-smi`` and the versions, to ``OUT/env.txt``;
+1. ``env``: ``nvidia-smi`` and the versions, at the top of ``OUT/session.log``;
 2. ``sweep``: ``python -m benchmarks.hopper_kernels --sweep-only OUT/hopper_sweep.txt``: tiles, warps and
    stages of the persistent matmul (fp16, fp8) and of the FlashAttention forward and backward;
 3. ``record``: ``python -m benchmarks --record OUT``: every harness case, ``OUT/<gpu>.json`` and its roofline;
 4. ``profile``: Nsight Compute (``ncu``, where installed) over one launch of the TMA FlashAttention forward
    and of SDPA's cuDNN attention (``benchmarks.profile_flash``), to ``OUT/profile.txt``;
-5. ``notebooks``: ``python -m benchmarks.notebooks`` over every notebook, ``--jobs`` at a time; the summary
+5. ``production``: ``python -m benchmarks.production_recordings``, part 6's recordings (a CUDA trace of a
+   training step, a memory snapshot, Inductor's Triton for the compilers chapter's block, the block with and
+   without CUDA graphs), to ``OUT/production.tar.gz``;
+6. ``notebooks``: ``python -m benchmarks.notebooks`` over every notebook, ``--jobs`` at a time; the summary
    to ``OUT/notebooks.txt`` and the logs to ``OUT/notebook-logs.tar.gz``.
 
 Everything printed also goes to ``OUT/session.log``. The exit code is 0 when every step ran to the end and
@@ -32,7 +35,7 @@ import tarfile
 import time
 from pathlib import Path
 
-STEPS = ("env", "sweep", "record", "profile", "notebooks")
+STEPS = ("env", "sweep", "record", "profile", "production", "notebooks")
 
 
 def _run(cmd: list[str], log, deadline: float, reserve: float = 0.0) -> int:
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                                   "print(torch.__version__, torch.version.cuda, triton.__version__)'; "
                                   "echo profilers: $(command -v ncu nsys)",
                                   shell=True, capture_output=True, text=True, timeout=60)
-            (out / "env.txt").write_text(info.stdout + info.stderr)
+            log.write(info.stdout + info.stderr)
             print(info.stdout[-1500:], flush=True)
             codes["env"] = 0
         extra = (["--allow-cpu"] if args.allow_cpu else []) + (["--quick"] if args.quick else [])
@@ -123,6 +126,15 @@ def main(argv: list[str] | None = None) -> int:
                            "WarpStateStats", "--section", "SchedulerStats", "--section", "InstructionStats"] + cmd
                 with open(out / "profile.txt", "w") as profile:
                     codes["profile"] = _run(cmd, profile, deadline, reserve=240 if "notebooks" in args.steps else 0)
+        if "production" in args.steps:
+            recordings = Path("_build/production-recordings")
+            shutil.rmtree(recordings, ignore_errors=True)
+            codes["production"] = _run([py, "-m", "benchmarks.production_recordings", "--out", str(recordings)]
+                                       + (["--allow-cpu"] if args.allow_cpu else []), log, deadline,
+                                       reserve=180 if "notebooks" in args.steps else 0)
+            with tarfile.open(out / "production.tar.gz", "w:gz") as tar:
+                for f in sorted(recordings.glob("*")):
+                    tar.add(f, arcname=f.name)
         if "notebooks" in args.steps:
             log_dir = Path("_build/notebook-logs")
             remaining = deadline - time.time() - 10
