@@ -25,16 +25,18 @@ def test_the_schedule_keeps_only_the_active_steps(tmp_path):
 
 
 def test_a_straggler_makes_the_other_rank_wait_in_collectives(tmp_path):
-    """Rank 1 sleeps 60 ms in each of two forwards: rank 0 spends at least that much longer in collectives."""
+    """Rank 1 sleeps 150 ms in each of two forwards: rank 0 spends most of that longer in collectives.
+
+    (Not all of it on a loaded machine: while rank 1 sleeps, rank 0 gets a core to itself.)"""
     def collective_ms(paths, rank):
         times = tt.self_times(tt.read_chrome_trace(paths[rank]))
         return sum(t for name, (t, _) in times.items() if tt.is_collective(name)) / 1000
 
     even = ps.profile_ddp(tmp_path / "even", world_size=2, steps=2, batch=2, seq_len=16)
-    slow = ps.profile_ddp(tmp_path / "slow", world_size=2, steps=2, straggler=1, straggle_seconds=0.06, batch=2,
+    slow = ps.profile_ddp(tmp_path / "slow", world_size=2, steps=2, straggler=1, straggle_seconds=0.15, batch=2,
                           seq_len=16)
     assert [p.endswith(f"rank{r}.json") for r, p in enumerate(slow)] == [True, True]
-    assert collective_ms(slow, 0) - collective_ms(even, 0) > 0.8 * 2 * 60
+    assert collective_ms(slow, 0) - collective_ms(even, 0) > 0.7 * 2 * 150
     assert collective_ms(slow, 1) < collective_ms(slow, 0)
 
 
