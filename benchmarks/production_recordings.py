@@ -37,25 +37,18 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from utils.attention.llama import Block, LlamaConfig, TinyLlama
+from utils.attention.llama import Block, LlamaConfig
 from utils.production import compiler
-from utils.production.profiled_step import CONFIG, quiet_kineto, training_step
+from utils.production.profiled_step import model_and_data, quiet_kineto, training_step
 from utils.production.trace_timeline import read_chrome_trace
 
 BLOCK = LlamaConfig(dim=64, n_heads=4, n_kv_heads=2)
 """The compilers chapter's block."""
 
 
-def _model(device: str) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.Tensor]:
-    torch.manual_seed(0)
-    model = TinyLlama(CONFIG).to(device)
-    tokens = torch.randint(0, CONFIG.vocab, (8, 65), device=device)
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-3), tokens
-
-
 def record_trace(out: Path, device: str) -> list[str]:
     """Profile two training steps; write ``step-trace.json.gz``; return the summary's lines."""
-    model, optimizer, tokens = _model(device)
+    model, optimizer, tokens = model_and_data(8, 64, 0, device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     raw = out / "step-trace.json"
     with quiet_kineto(), profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=2),
@@ -74,7 +67,7 @@ def record_trace(out: Path, device: str) -> list[str]:
 
 def record_memory_snapshot(out: Path) -> list[str]:
     """Three training steps under the CUDA caching allocator's history; ``memory-snapshot.pickle``."""
-    model, optimizer, tokens = _model("cuda")
+    model, optimizer, tokens = model_and_data(8, 64, 0, "cuda")
     torch.cuda.memory._record_memory_history(max_entries=100_000)
     for _ in range(3):
         training_step(model, optimizer, tokens)

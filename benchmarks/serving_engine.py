@@ -37,7 +37,6 @@ from dataclasses import dataclass
 
 import utils  # noqa: F401  (first: switches Triton to its interpreter when there is no GPU)
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.common import Result, run
 from utils import device
@@ -45,6 +44,7 @@ from utils.attention.kv_cache import AttentionConfig
 from utils.attention.llama import LlamaConfig, TinyLlama
 from utils.attention.llama_sizes import llama_param_count
 from utils.gpu.hardware import GpuSpec
+from utils.production.compiler import count_aten_ops
 from utils.serving.runtime.engine import Engine
 from utils.serving.runtime.paged_forward import Segment, forward_segments
 from utils.serving.costs.step_time import Roof, ServedModel, attention_flops_per_pair, step_cost, step_seconds
@@ -96,16 +96,6 @@ def served_model(model: TinyLlama, name: str, bytes_per_elem: int = 2) -> Served
 
 def _params(n: float) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{int(n):,}"
-
-
-class _CountOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _sync(on_gpu: bool) -> None:
@@ -165,9 +155,7 @@ def _time_steps(engine: Engine, roof: Roof, cost_model: ServedModel, n: int, on_
 
 
 def _ops_per_step(engine: Engine) -> int:
-    with _CountOps() as counter:
-        engine.step()
-    return counter.count
+    return sum(count_aten_ops(engine.step).values())
 
 
 def bench_engine(sizes: Sizes, gpu: GpuSpec | None, on_gpu: bool) -> list[Result]:

@@ -64,7 +64,7 @@ def time_step(batch: int = 8, seq_len: int = 64, steps: int = 5, warmup: int = 2
     check_positive_int("batch", batch)
     check_positive_int("steps", steps)
     check_nonnegative_int("warmup", warmup)
-    model, optimizer, tokens = _model_and_data(batch, seq_len, seed)
+    model, optimizer, tokens = model_and_data(batch, seq_len, seed)
     for _ in range(warmup):
         training_step(model, optimizer, tokens)
     times = []
@@ -95,10 +95,15 @@ def training_step(model: nn.Module, optimizer: torch.optim.Optimizer, tokens: to
     return loss.detach().item()
 
 
-def _model_and_data(batch: int, seq_len: int, seed: int) -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor]:
+def model_and_data(batch: int, seq_len: int, seed: int,
+                   device: str = "cpu") -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor]:
+    """The profiled model (seeded), its AdamW (lr 1e-3) and ``batch`` random sequences of ``seq_len + 1`` tokens.
+
+    Drawn on the CPU, then moved to ``device``: the same weights and tokens on any device.
+    """
     torch.manual_seed(seed)
-    model = TinyLlama(CONFIG)
-    tokens = torch.randint(0, CONFIG.vocab, (batch, seq_len + 1))
+    model = TinyLlama(CONFIG).to(device)
+    tokens = torch.randint(0, CONFIG.vocab, (batch, seq_len + 1)).to(device)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3), tokens
 
 
@@ -118,7 +123,7 @@ def profile_step(trace_path: str | Path, batch: int = 8, seq_len: int = 64, wait
     check_positive_int("batch", batch)
     check_positive_int("seq_len", seq_len)
     _check_schedule(wait, warmup, active)
-    model, optimizer, tokens = _model_and_data(batch, seq_len, seed)
+    model, optimizer, tokens = model_and_data(batch, seq_len, seed)
     path = str(trace_path)
     with quiet_kineto(), profile(activities=[ProfilerActivity.CPU],
                                  schedule=schedule(wait=wait, warmup=warmup, active=active),
@@ -132,7 +137,7 @@ def profile_step(trace_path: str | Path, batch: int = 8, seq_len: int = 64, wait
 
 def _ddp_worker(rank: int, world_size: int, trace_dir: str, steps: int, straggler: int | None,
                 straggle_seconds: float, batch: int, seq_len: int) -> dict[str, Any]:
-    model, _, tokens = _model_and_data(batch, seq_len, seed=rank)
+    model, _, tokens = model_and_data(batch, seq_len, seed=rank)
     torch.manual_seed(0)
     ddp = nn.parallel.DistributedDataParallel(TinyLlama(CONFIG))
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
