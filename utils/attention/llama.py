@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from utils.attention.rope import apply_rope, check_layout, rope_angles
+from utils.attention.rope import apply_rope, check_layout, compute_dtype, rope_angles
 from utils.validate import check_positive_int
 
 __all__ = ["Attention", "Block", "LlamaConfig", "TinyLlama", "apply_rope", "rms_norm", "rope_angles",
@@ -36,9 +36,9 @@ __all__ = ["Attention", "Block", "LlamaConfig", "TinyLlama", "apply_rope", "rms_
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """``x / sqrt(mean(x^2, last dim) + eps) * weight``, computed in fp32 and returned in ``x``'s dtype."""
-    x32 = x.float()
-    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+    """``x / sqrt(mean(x^2, last dim) + eps) * weight``, computed in fp32 (fp64 for fp64) and returned in ``x``'s dtype."""
+    xc = x.to(compute_dtype(x.dtype))
+    return (xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
 
 
 def swiglu_hidden_size(dim: int, multiple_of: int = 256) -> int:
@@ -105,7 +105,7 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, c.n_heads, c.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, s, c.n_kv_heads, c.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, c.n_kv_heads, c.head_dim).transpose(1, 2)
-        cos, sin = rope_angles(s, c.head_dim, c.rope_base, start, device=x.device)
+        cos, sin = rope_angles(s, c.head_dim, c.rope_base, start, device=x.device, dtype=compute_dtype(x.dtype))
         q, k = apply_rope(q, cos, sin, c.rope_layout), apply_rope(k, cos, sin, c.rope_layout)
         if cache is not None:
             if cache:

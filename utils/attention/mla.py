@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from utils.attention.llama import apply_rope, rope_angles
+from utils.attention.rope import compute_dtype
 from utils.validate import check_positive_int
 
 
@@ -103,7 +104,7 @@ class MLA(nn.Module):
         c, (b, s, _) = self.config, h.shape
         c_q = self.q_norm(self.w_dq(h))
         q_c = self.w_uq(c_q).view(b, s, c.n_heads, c.head_dim).transpose(1, 2)
-        cos, sin = rope_angles(s, c.rope_head_dim, start=start, device=h.device)
+        cos, sin = rope_angles(s, c.rope_head_dim, start=start, device=h.device, dtype=compute_dtype(h.dtype))
         q_r = apply_rope(self.w_qr(c_q).view(b, s, c.n_heads, c.rope_head_dim).transpose(1, 2), cos, sin)
         return q_c, q_r
 
@@ -113,7 +114,8 @@ class MLA(nn.Module):
         The norm follows DeepSeek-V2 section 3.1.2 (vLLM calls its output
         ``kv_c_normed``); the RoPE key is not normed.
         """
-        cos, sin = rope_angles(h.shape[1], self.config.rope_head_dim, start=start, device=h.device)
+        cos, sin = rope_angles(h.shape[1], self.config.rope_head_dim, start=start, device=h.device,
+                               dtype=compute_dtype(h.dtype))
         return self.kv_norm(self.w_dkv(h)), apply_rope(self.w_kr(h), cos, sin)
 
     def _attend(self, scores: torch.Tensor, start: int) -> torch.Tensor:

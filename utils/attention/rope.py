@@ -54,11 +54,18 @@ def rope_frequencies(head_dim: int, base: float = 10000.0) -> torch.Tensor:
     return base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype RMSNorm and RoPE compute in for inputs of ``dtype``: fp32, or fp64 for fp64 (never lower than fp32)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def rope_angles(seq_len: int, head_dim: int, base: float = 10000.0, start: int = 0,
                 device: torch.device | str | None = None,
-                inv_freq: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                inv_freq: torch.Tensor | None = None,
+                dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """``cos`` and ``sin`` of ``m * theta_i`` for positions ``start .. start + seq_len - 1``: shape ``(seq_len, head_dim/2)``,
-    in fp32 on ``device`` (the CPU by default). The angles are computed in fp64 on the CPU, then cast and moved.
+    in ``dtype`` (fp32 by default) on ``device`` (the CPU by default). The angles are computed in fp64 on the CPU,
+    then cast and moved.
 
     ``inv_freq`` (shape ``(head_dim/2,)``) replaces the default ``theta_i``, e.g. by a long-context scaling of
     :mod:`utils.attention.rope_scaling`. The tables serve both layouts: column ``i`` is pair ``i``'s angle.
@@ -72,11 +79,11 @@ def rope_angles(seq_len: int, head_dim: int, base: float = 10000.0, start: int =
         theta = inv_freq.detach().to("cpu", torch.float64)
     positions = torch.arange(start, start + seq_len, dtype=torch.float64)
     angles = torch.outer(positions, theta)
-    return angles.cos().float().to(device), angles.sin().float().to(device)
+    return angles.cos().to(device, dtype), angles.sin().to(device, dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "interleaved") -> torch.Tensor:
-    """Rotate the pairs of the last dim of ``x`` (``(..., seq, head_dim)``) by the angles; computed in fp32.
+    """Rotate the pairs of the last dim of ``x`` (``(..., seq, head_dim)``) by the angles; computed in fp32 (fp64 for fp64).
 
     ``layout="interleaved"``: pair ``i`` is ``(x_{2i}, x_{2i+1})`` (Meta). ``"neox"``: ``(x_i, x_{i+d/2})``, which
     is Hugging Face's ``x * cos + rotate_half(x) * sin`` with ``cos``, ``sin`` repeated over both halves.
@@ -84,7 +91,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
     check_layout(layout)
     if x.shape[-1] % 2 or cos.shape[-1] * 2 != x.shape[-1]:
         raise ValueError(f"x's last dim must be even and twice cos's, got {tuple(x.shape)} and {tuple(cos.shape)}")
-    xf = x.float()
+    xf = x.to(compute_dtype(x.dtype))
     if layout == "interleaved":
         pairs = xf.unflatten(-1, (-1, 2))
         first, second = pairs[..., 0], pairs[..., 1]

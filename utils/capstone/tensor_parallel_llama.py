@@ -20,9 +20,12 @@ weights see only their rank's tokens, so their gradients are summed over the gro
 (:func:`~utils.parallel.model.sequence_parallel.all_reduce_replicated_grads`). Rotary positions are
 those of the whole gathered sequence.
 
-Equal to the block on one process up to the order of floating-point sums (tests/capstone): part 3's
-``rms_norm`` and ``apply_rope`` compute in fp32 whatever the input dtype, so in fp64 the two agree to
-fp32's rounding, not fp64's.
+With a context-parallel group (``cp_group``), the sequence the tensor-parallel group gathers is one
+share of the whole (in ``cp_layout``, zig-zag by default, so that causal work is balanced), and
+attention runs as ring attention over ``cp_group`` (Liu et al. 2023, arXiv:2310.01889) on this rank's
+heads; rotary angles are looked up at the share's global positions.
+
+Equal to the block on one process up to the order of floating-point sums (tests/capstone).
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from utils.attention.llama import Block, rms_norm
-from utils.attention.rope import apply_rope, rope_angles
+from utils.attention.rope import apply_rope, compute_dtype, rope_angles
+from utils.parallel.frontier.context_parallel import ring_attention
 from utils.parallel.model.sequence_parallel import all_gather_linears, reduce_scatter_to_sequence_parallel
 from utils.parallel.model.tensor_parallel import shard
 
@@ -45,8 +49,10 @@ SEQ_DIM = 1
 class TensorParallelBlock(nn.Module):
     """This rank's shard of ``block`` on ``group``; ``forward`` takes and returns this rank's sequence slice."""
 
-    def __init__(self, block: Block, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, block: Block, group: dist.ProcessGroup | None = None,
+                 cp_group: dist.ProcessGroup | None = None, cp_layout: str = "zigzag") -> None:
         super().__init__()
+        self.cp_group, self.cp_layout = cp_group, cp_layout
         c, t = block.config, dist.get_world_size(group)
         for what, n in (("n_heads", c.n_heads), ("n_kv_heads", c.n_kv_heads), ("the SwiGLU hidden size", c.hidden)):
             if n % t:
@@ -66,26 +72,40 @@ class TensorParallelBlock(nn.Module):
         """The parameters every rank holds whole: their gradients must be summed over the group."""
         return [self.attn_norm, self.ffn_norm]
 
-    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Causal grouped-query attention over the whole sequence for this rank's heads, as part 3's ``Attention``."""
+    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Causal grouped-query attention for this rank's heads over the whole sequence, as part 3's ``Attention``.
+
+        Without a context-parallel group the gathered sequence is the whole sequence; with one it is this
+        rank's share of it, and :func:`~utils.parallel.frontier.context_parallel.ring_attention` brings the
+        other shares' keys and values around the ring.
+        """
         c, (b, s, _) = self.config, q.shape
         q = q.view(b, s, self.n_heads, c.head_dim).transpose(1, 2)
         k = k.view(b, s, self.n_kv_heads, c.head_dim).transpose(1, 2)
         v = v.view(b, s, self.n_kv_heads, c.head_dim).transpose(1, 2)
-        cos, sin = rope_angles(s, c.head_dim, c.rope_base, device=q.device)
+        cos, sin = rope_angles(int(positions.max()) + 1, c.head_dim, c.rope_base, device=q.device,
+                               dtype=compute_dtype(q.dtype))
+        cos, sin = cos[positions], sin[positions]
         q, k = apply_rope(q, cos, sin, c.rope_layout), apply_rope(k, cos, sin, c.rope_layout)
-        group = self.n_heads // self.n_kv_heads
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(c.head_dim)
-        future = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
-        out = scores.masked_fill(future, float("-inf")).softmax(-1) @ v
+        if self.cp_group is not None:
+            out = ring_attention(q, k, v, causal=True, group=self.cp_group, layout=self.cp_layout)
+        else:
+            group = self.n_heads // self.n_kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            scores = q @ k.transpose(-2, -1) / math.sqrt(c.head_dim)
+            future = positions[None, :] > positions[:, None]
+            out = scores.masked_fill(future, float("-inf")).softmax(-1) @ v
         return out.transpose(1, 2).reshape(b, s, -1)
 
-    def forward(self, x_local: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_local: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """This rank's slice of the block's output; ``positions`` are the global positions of the gathered
+        sequence (default ``0 .. s - 1``; with context parallelism, those of this rank's share, in its layout)."""
         c, group = self.config, self.group
+        if positions is None:
+            positions = torch.arange(x_local.shape[SEQ_DIM] * self.t, device=x_local.device)
         q, k, v = all_gather_linears(rms_norm(x_local, self.attn_norm, c.eps),
                                      [(self.wq, None), (self.wk, None), (self.wv, None)], SEQ_DIM, group)
-        h = x_local + reduce_scatter_to_sequence_parallel(F.linear(self._attention(q, k, v), self.wo), SEQ_DIM, group)
+        h = x_local + reduce_scatter_to_sequence_parallel(F.linear(self._attention(q, k, v, positions), self.wo), SEQ_DIM, group)
         gate, up = all_gather_linears(rms_norm(h, self.ffn_norm, c.eps), [(self.w1, None), (self.w3, None)],
                                       SEQ_DIM, group)
         return h + reduce_scatter_to_sequence_parallel(F.linear(F.silu(gate) * up, self.w2), SEQ_DIM, group)

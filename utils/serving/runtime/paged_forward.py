@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from utils.attention.llama import TinyLlama, rms_norm
-from utils.attention.rope import apply_rope, rope_angles
+from utils.attention.rope import apply_rope, compute_dtype, rope_angles
 from utils.serving.runtime.batched_attention import BACKENDS, DecodeBatch
 from utils.serving.quantisation.quant import KV_FORMATS, dequantize_kv, quantize_kv
 from utils.validate import check_positive, check_positive_int
@@ -181,7 +181,8 @@ def forward_segments(model: TinyLlama, kv: KVBlocks, segments: Sequence[Segment]
                              f"{len(s.block_table)} blocks of {kv.block_size}")
     tokens = torch.tensor([t for s in segments for t in s.tokens], dtype=torch.long, device=device)
     positions = torch.tensor([p for s in segments for p in range(s.start, s.start + len(s.tokens))])
-    cos, sin = rope_angles(int(positions.max()) + 1, c.head_dim, c.rope_base, device=device)
+    cos, sin = rope_angles(int(positions.max()) + 1, c.head_dim, c.rope_base, device=device,
+                           dtype=compute_dtype(model.embed.weight.dtype))
     cos, sin = cos[positions.to(device), None, :], sin[positions.to(device), None, :]
     bounds = torch.tensor([0] + [len(s.tokens) for s in segments]).cumsum(0).tolist()
     decodes = [] if decode_attention == "loop" else [i for i, s in enumerate(segments) if len(s.tokens) == 1]
