@@ -55,8 +55,12 @@ def rope_frequencies(head_dim: int, base: float = 10000.0) -> torch.Tensor:
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype RMSNorm and RoPE compute in for inputs of ``dtype``: fp32, or fp64 for fp64 (never lower than fp32)."""
-    return torch.promote_types(dtype, torch.float32)
+    """The dtype RMSNorm and RoPE compute in for inputs of ``dtype``: fp64 for fp64, else fp32.
+
+    Plain Python, not ``torch.promote_types``: a torch function would show up among the operations that
+    part 3's byte-counting labs trace.
+    """
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def rope_angles(seq_len: int, head_dim: int, base: float = 10000.0, start: int = 0,

@@ -39,12 +39,14 @@ class ZeroTwoOptimizer:
     Call ``backward()`` as usual: the hooks shard the gradients. Then ``step()`` and ``zero_grad()``.
     All parameters must share one dtype and device; every rank must build it over the same parameters
     in the same order (the hooks' collectives run in backward's order, the same on every rank).
+    ``group`` (default: the whole world) is the data-parallel group the state is sharded over.
     """
 
     def __init__(self, params: Iterable[torch.Tensor], optimizer_cls: type = torch.optim.Adam,
-                 **optimizer_kwargs: Any) -> None:
+                 group: dist.ProcessGroup | None = None, **optimizer_kwargs: Any) -> None:
         self.params = trainable_parameters(params, "ZeroTwoOptimizer")
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.group = group
+        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
         self.slice_numel = [-(-p.numel() // self.world_size) for p in self.params]
         with torch.no_grad():
             self.shards = [nn.Parameter(self._padded(p, n)[self.rank * n:(self.rank + 1) * n].clone())
@@ -65,7 +67,7 @@ class ZeroTwoOptimizer:
         i = self._index[id(p)]
         self.full_grad_peak_nbytes = max(self.full_grad_peak_nbytes, p.grad.numel() * p.grad.element_size())
         piece = torch.empty_like(self.shards[i])
-        reduce_scatter_single(piece, self._padded(p.grad, self.slice_numel[i]), op=dist.ReduceOp.SUM)
+        reduce_scatter_single(piece, self._padded(p.grad, self.slice_numel[i]), op=dist.ReduceOp.SUM, group=self.group)
         piece.div_(self.world_size)
         shard = self.shards[i]
         shard.grad = piece if shard.grad is None else shard.grad.add_(piece)  # gradient accumulation
@@ -77,8 +79,12 @@ class ZeroTwoOptimizer:
         self.optimizer.step()
         for p, shard, n in zip(self.params, self.shards, self.slice_numel):
             full = torch.empty(n * self.world_size, dtype=p.dtype, device=p.device)
-            all_gather_single(full, shard.detach())
+            all_gather_single(full, shard.detach(), group=self.group)
             p.copy_(full[:p.numel()].view_as(p))
+
+    def shard_of(self, p: torch.Tensor) -> nn.Parameter:
+        """The slice of ``p`` this rank updates (its ``.grad`` is the reduced gradient of that slice)."""
+        return self.shards[self._index[id(p)]]
 
     def zero_grad(self) -> None:
         for t in self.params + self.shards:

@@ -53,12 +53,17 @@ class StageRun:
     peak_in_flight: int = 0
 
 
+def stage_layers(n_layers: int, n_parts: int) -> list[range]:
+    """The indices of the layers of each of ``n_parts`` contiguous, nearly equal pieces of ``n_layers`` layers."""
+    if not 1 <= n_parts <= n_layers:
+        raise ValueError(f"n_parts must be between 1 and the number of layers ({n_layers}), got {n_parts}")
+    bounds = [round(i * n_layers / n_parts) for i in range(n_parts + 1)]
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
 def split_layers(layers: Sequence[nn.Module], n_parts: int) -> list[nn.Sequential]:
     """Cut a list of layers into ``n_parts`` contiguous, nearly equal ``nn.Sequential`` pieces."""
-    if not 1 <= n_parts <= len(layers):
-        raise ValueError(f"n_parts must be between 1 and the number of layers ({len(layers)}), got {n_parts}")
-    bounds = [round(i * len(layers) / n_parts) for i in range(n_parts + 1)]
-    return [nn.Sequential(*layers[a:b]) for a, b in zip(bounds, bounds[1:])]
+    return [nn.Sequential(*(layers[i] for i in part)) for part in stage_layers(len(layers), n_parts)]
 
 
 def _tag(kind: str, chunk: int, microbatch: int, n_microbatches: int) -> int:
@@ -75,6 +80,8 @@ def run_schedule(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.mse_loss,
     activation_shape: Sequence[int] | None = None,
     sleep_seconds: tuple[float, float] | None = None,
+    group: dist.ProcessGroup | None = None,
+    activation_dtype: torch.dtype | None = None,
 ) -> StageRun:
     """Run one training step's forwards and backwards of schedule ``kind`` on this rank; return a :class:`StageRun`.
 
@@ -89,8 +96,14 @@ def run_schedule(
     stage (``1 / n_chunks`` of it per chunk): a sleeping rank leaves the CPU
     to the others, so on a machine with fewer cores than ranks the schedule's
     timing can still be measured.
+
+    ``group`` (default: the whole world) is the pipeline: its ``k``-th rank runs stage ``k``, so a pipeline can
+    be one dimension of a larger mesh. ``activation_dtype`` is the dtype of the activations and gradients
+    received between stages (default: torch's default dtype). A parameter whose gradient another hook has
+    already taken away (a ZeRO optimizer's) is left out of :attr:`StageRun.grads`.
     """
-    rank, p = dist.get_rank(), dist.get_world_size()
+    rank, p = dist.get_rank(group), dist.get_world_size(group)
+    peer = (lambda s: dist.get_global_rank(group, s)) if group is not None else (lambda s: s)  # noqa: E731
     v = n_chunks
     if len(pieces) != p * v:
         raise ValueError(f"pieces must hold world_size * n_chunks = {p * v} virtual stages, got {len(pieces)}")
@@ -108,7 +121,7 @@ def run_schedule(
     # On a GPU, wait for the received tensor and the kernels before each time stamp: otherwise the host
     # would time kernel launches, not compute, and count a message's wait as busy time.
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    dist.barrier()
+    dist.barrier(group=group)
     t0 = time.perf_counter()
     for op_kind, c, i in order:
         k = c * p + rank
@@ -116,8 +129,8 @@ def run_schedule(
             if k == 0:
                 x = xs[i].to(dev)
             else:
-                x = torch.empty(shape, device=dev)
-                dist.recv(x, src=(k - 1) % p, tag=_tag("F", c if rank else c - 1, i, n_microbatches))
+                x = torch.empty(shape, device=dev, dtype=activation_dtype)
+                dist.recv(x, src=peer((k - 1) % p), group=group, tag=_tag("F", c if rank else c - 1, i, n_microbatches))
             x.requires_grad_(k > 0)
             saved = [0]
 
@@ -139,7 +152,7 @@ def run_schedule(
                 run.loss += y.item()
             else:
                 out = y.detach()
-                pending.append((dist.isend(out, dst=(k + 1) % p, tag=_tag("F", c, i, n_microbatches)), out))
+                pending.append((dist.isend(out, dst=peer((k + 1) % p), group=group, tag=_tag("F", c, i, n_microbatches)), out))
             stored[(c, i)] = (x, y, saved[0])
             held += saved[0]
             saved_total += saved[0]
@@ -149,7 +162,7 @@ def run_schedule(
                 grad = None
             else:
                 grad = torch.empty_like(y)
-                dist.recv(grad, src=(k + 1) % p, tag=_tag("B", c if rank < p - 1 else c + 1, i, n_microbatches))
+                dist.recv(grad, src=peer((k + 1) % p), group=group, tag=_tag("B", c if rank < p - 1 else c + 1, i, n_microbatches))
             sync()
             start = time.perf_counter()
             y.backward(grad)
@@ -158,7 +171,7 @@ def run_schedule(
             sync()
             end = time.perf_counter()
             if k > 0:
-                pending.append((dist.isend(x.grad, dst=(k - 1) % p, tag=_tag("B", c, i, n_microbatches)), x.grad))
+                pending.append((dist.isend(x.grad, dst=peer((k - 1) % p), group=group, tag=_tag("B", c, i, n_microbatches)), x.grad))
             held -= nbytes
         run.ops.append((op_kind, c, i, start - t0, end - t0))
         run.busy_seconds += end - start
@@ -170,7 +183,8 @@ def run_schedule(
     run.saved_nbytes_per_microbatch = saved_total / (n_microbatches * v)
     for c in range(v):
         for name, param in pieces[c * p + rank].named_parameters():
-            run.grads[f"{c * p + rank}.{name}"] = param.grad.detach().clone()
+            if param.grad is not None:
+                run.grads[f"{c * p + rank}.{name}"] = param.grad.detach().clone()
     return run
 
 
