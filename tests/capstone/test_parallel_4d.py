@@ -10,7 +10,7 @@ import torch
 from utils.attention.llama import LlamaConfig
 from utils.capstone.mesh import Mesh
 from utils.capstone.parallel_4d import (
-    check_layout, local_tokens, make_batch, reference_losses, train, train_losses,
+    CONFIG, MICROBATCHES, check_layout, local_tokens, make_batch, reference_losses, step_traffic, train, train_losses,
 )
 
 LAYOUTS = [(2, 2, 2, 1), (2, 1, 2, 2), (1, 2, 2, 2), (2, 2, 1, 2)]
@@ -73,3 +73,31 @@ def test_a_context_share_that_sequence_parallelism_cannot_split_is_refused():
     config = LlamaConfig(n_heads=4, n_kv_heads=4)
     with pytest.raises(ValueError, match="context share of 6 tokens over tp=4"):
         check_layout(1, 4, 1, 1, config=config, seq_len=6)
+
+
+@functools.lru_cache(maxsize=None)
+def _traffic():
+    return step_traffic(2, 2, 2, 2)
+
+
+@pytest.mark.parametrize("rank", [0, 15])
+def test_measured_traffic_matches_part_2s_formulas_and_each_difference_is_named(rank):
+    """Per rank and step on (2, 2, 2, 2), fp64: sequence parallelism's all-gathers (with backward's re-gathers) and
+    reduce-scatters, the pipeline's sends and ZeRO's parameter all-gather are exactly part 2's formulas; three
+    differences are what the chapter says they are."""
+    rows = {(r.group, r.op): r for r in _traffic()[rank]}
+    for key in [("tp", "all-gather"), ("tp", "reduce-scatter"), ("pp", "send"), ("cp+dp", "all-gather")]:
+        assert rows[key].measured == pytest.approx(rows[key].predicted, rel=1e-12), key
+    # ring attention sends each block's dK/dV accumulator cp times (the last hop brings it home), the formula cp - 1:
+    # per layer and micro-batch (cp - 1) * 3 blocks + 1 against (cp - 1) * 3, with cp = 2
+    assert rows[("cp", "send")].ratio == pytest.approx(4 / 3, rel=1e-12)
+    # ZeRO-2's hooks reduce-scatter every micro-batch's gradients; the planner counts one reduction per step
+    assert rows[("cp+dp", "reduce-scatter")].ratio == pytest.approx(MICROBATCHES, rel=1e-12)
+    # not in the formulas: the TP-replicated parameters' gradient slices (1/4 of them on each of the 4 data x context
+    # ranks) summed over the 2 tensor ranks, and the loss (one fp64 value) summed over the world
+    d = CONFIG.dim
+    replicated = 2 * d * 2 + (CONFIG.vocab * d if rank == 0 else CONFIG.vocab * d + d)
+    assert rows[("tp", "all-reduce")].measured == pytest.approx(2 * (1 / 2) * replicated / 4 * 8, rel=1e-12)
+    assert rows[("world", "all-reduce")].calls == 1
+    assert set(rows) == {("tp", "all-gather"), ("tp", "reduce-scatter"), ("tp", "all-reduce"), ("pp", "send"),
+                         ("cp", "send"), ("cp+dp", "all-gather"), ("cp+dp", "reduce-scatter"), ("world", "all-reduce")}

@@ -43,6 +43,7 @@ from torch import nn
 from utils.attention.llama import LlamaConfig, TinyLlama, rms_norm
 from utils.capstone.mesh import Mesh, new_groups
 from utils.capstone.tensor_parallel_llama import TensorParallelBlock
+from utils.capstone.traffic import Call, CommLedger, Row, compare, group_labels, predicted_wire_bytes
 from utils.dist import launch
 from utils.parallel.data.zero import ZeroTwoOptimizer
 from utils.parallel.frontier.context_parallel import positions, shard_sequence
@@ -190,10 +191,14 @@ class RankResult:
     """The whole batch's mean loss of each step (the same on every rank)."""
     parameters: dict[str, tuple[torch.Tensor, int | None]]
     """The final parameters this rank holds, as :meth:`Stage.named_full_parameters`."""
+    calls: list[Call]
+    """Every c10d operation of the last step (:class:`~utils.capstone.traffic.CommLedger`), if recorded."""
+    n_params: int
+    """Values of the parameters this rank holds (its ZeRO group shards their state)."""
 
 
 def _train_rank(rank: int, world_size: int, mesh: Mesh, steps: int, seed: int, dtype: torch.dtype,
-                lr: float) -> RankResult:
+                lr: float, record_traffic: bool = False) -> RankResult:
     groups = new_groups(mesh, rank, GROUPS)
     model = make_model(seed, dtype)
     stage = Stage(model, mesh, rank, groups, SEQ_LEN)
@@ -208,7 +213,10 @@ def _train_rank(rank: int, world_size: int, mesh: Mesh, steps: int, seed: int, d
 
     pieces = [stage if s == mesh.coords(rank)["pp"] else None for s in range(mesh.pp)]
     losses = []
+    ledger = CommLedger(group_labels(groups))
     for step in range(steps):
+        if record_traffic and step == steps - 1:
+            ledger.__enter__()
         inputs, targets = (local_tokens(t, mesh, rank) for t in make_batch(step, seed))
         run = run_schedule("1f1b", pieces, inputs, targets, MICROBATCHES, loss_fn=loss_fn,
                            activation_shape=(inputs.shape[0] // MICROBATCHES, local_seq, CONFIG.dim),
@@ -222,7 +230,9 @@ def _train_rank(rank: int, world_size: int, mesh: Mesh, steps: int, seed: int, d
         loss = torch.tensor([run.loss if stage.last else 0.0], dtype=torch.float64)
         dist.all_reduce(loss)
         losses.append(loss.item() / (mesh.dp * mesh.cp))
-    return RankResult(losses, stage.named_full_parameters())
+    if record_traffic:
+        ledger.__exit__(None, None, None)
+    return RankResult(losses, stage.named_full_parameters(), ledger.calls, sum(p.numel() for p in stage.parameters()))
 
 
 def train(dp: int, tp: int, pp: int, cp: int, steps: int = 4, seed: int = 0, dtype: torch.dtype = torch.float64,
@@ -237,6 +247,17 @@ def train(dp: int, tp: int, pp: int, cp: int, steps: int = 4, seed: int = 0, dty
         for name, (tensor, dim) in ranks[0].parameters.items():
             params[name] = tensor if dim is None else torch.cat([r.parameters[name][0] for r in ranks], dim=dim)
     return results[0].losses, params
+
+
+def step_traffic(dp: int, tp: int, pp: int, cp: int, dtype: torch.dtype = torch.float64,
+                 timeout: float = 300) -> list[list[Row]]:
+    """For each rank, what one training step (the second) moved on each group, measured against part 2's formulas
+    (:func:`~utils.capstone.traffic.predicted_wire_bytes`)."""
+    mesh = check_layout(dp, tp, pp, cp)
+    results = launch(_train_rank, mesh.world_size, mesh, 2, 0, dtype, LR, True, backend="gloo", timeout=timeout)
+    e = torch.empty(0, dtype=dtype).element_size()
+    return [compare(r.calls, predicted_wire_bytes(mesh, rank, CONFIG, SEQ_LEN, BATCH, MICROBATCHES, e, r.n_params))
+            for rank, r in enumerate(results)]
 
 
 def train_losses(dp: int, tp: int, pp: int, cp: int, steps: int = 4, seed: int = 0,
