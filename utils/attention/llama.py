@@ -102,16 +102,17 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
         c, (b, s, _) = self.config, x.shape
         start = cache["k"].shape[2] if cache else 0
-        q = self.wq(x).view(b, s, c.n_heads, c.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, s, c.n_kv_heads, c.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, s, c.n_kv_heads, c.head_dim).transpose(1, 2)
+        # heads counted from the projections, not the config: under tensor parallelism a rank holds a share of them
+        q = self.wq(x).view(b, s, -1, c.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, s, -1, c.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, s, -1, c.head_dim).transpose(1, 2)
         cos, sin = rope_angles(s, c.head_dim, c.rope_base, start, device=x.device, dtype=compute_dtype(x.dtype))
         q, k = apply_rope(q, cos, sin, c.rope_layout), apply_rope(k, cos, sin, c.rope_layout)
         if cache is not None:
             if cache:
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
             cache["k"], cache["v"] = k, v
-        group = c.n_heads // c.n_kv_heads
+        group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         scores = q @ k.transpose(-2, -1) / math.sqrt(c.head_dim)
         # query i (absolute position start + i) sees keys 0 .. start + i
