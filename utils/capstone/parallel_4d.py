@@ -18,13 +18,14 @@ piece of the batch:
   (:class:`~utils.parallel.data.zero.ZeroTwoOptimizer`) shards the gradients and Adam's state over the
   data x context group, since every rank of that group holds the same parameters for other tokens.
 
-The objective is the mean cross-entropy over every token of the batch. A rank's share of it is its
-tokens' summed cross-entropy divided by the tokens of its micro-batch's context share: summed over
+The objective is the mean cross-entropy over every token of the batch. A rank's share of it
+(:func:`loss_share`) is its tokens' summed cross-entropy divided by the tokens of its micro-batch's
+context share: summed over
 the tensor group (the sequence-parallel reduce-scatters' backward all-gathers do that for the sharded
 weights) it is the mean over the context share; :func:`run_schedule` divides by the micro-batch count; ZeRO's
 average over data x context (equal token counts) makes it the mean over the batch. The parameters
 every tensor rank holds whole (norms, embedding, output projection) see only their rank's tokens, so
-their reduced gradient slices are summed over the tensor group before the step.
+their reduced gradient slices are summed over the tensor group before the step (:func:`finish_gradients`).
 
 :func:`train_losses` launches ``dp * tp * pp * cp`` gloo ranks and returns the loss of each step;
 :func:`reference_losses` is one process training the same model on the same batches. In fp64 the two
@@ -33,6 +34,7 @@ agree to about 1e-13 (tests/capstone); only the order of floating-point sums dif
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -197,33 +199,49 @@ class RankResult:
     """Values of the parameters this rank holds (its ZeRO group shards their state)."""
 
 
+def loss_share(logits: torch.Tensor, targets: torch.Tensor, mesh: Mesh) -> torch.Tensor:
+    """This rank's share of a micro-batch's mean loss: its tokens' summed cross-entropy over the tokens of its
+    context share, which its tensor group splits ``tp`` ways (so ``targets.numel() * tp`` of them)."""
+    ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
+    return ce / (targets.numel() * mesh.tp)
+
+
+def finish_gradients(stage: Stage, zero: ZeroTwoOptimizer, groups: dict) -> None:
+    """Sum the reduced gradient slices of the parameters every tensor rank holds whole over the tensor group."""
+    with torch.no_grad():
+        for p in stage.tp_replicated_parameters():
+            dist.all_reduce(zero.shard_of(p).grad, group=groups[("tp",)])
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """The three functions a 4D step needs beyond the book's modules (the lab has the reader write them)."""
+
+    local_tokens: Callable[[torch.Tensor, Mesh, int], torch.Tensor] = local_tokens
+    loss_share: Callable[[torch.Tensor, torch.Tensor, Mesh], torch.Tensor] = loss_share
+    finish_gradients: Callable[[Stage, ZeroTwoOptimizer, dict], None] = finish_gradients
+
+
 def _train_rank(rank: int, world_size: int, mesh: Mesh, steps: int, seed: int, dtype: torch.dtype,
-                lr: float, record_traffic: bool = False) -> RankResult:
+                lr: float, record_traffic: bool = False, pieces: Pieces = Pieces()) -> RankResult:
     groups = new_groups(mesh, rank, GROUPS)
     model = make_model(seed, dtype)
     stage = Stage(model, mesh, rank, groups, SEQ_LEN)
     del model
     zero = ZeroTwoOptimizer(list(stage.parameters()), torch.optim.Adam, group=groups[("cp", "dp")], lr=lr)
-    tokens_per_share = BATCH // (mesh.dp * MICROBATCHES) * SEQ_LEN // mesh.cp  # one micro-batch's context share
     local_seq = SEQ_LEN // (mesh.cp * mesh.tp)
-
-    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
-        return ce / tokens_per_share
-
-    pieces = [stage if s == mesh.coords(rank)["pp"] else None for s in range(mesh.pp)]
+    stages = [stage if s == mesh.coords(rank)["pp"] else None for s in range(mesh.pp)]
     losses = []
     ledger = CommLedger(group_labels(groups))
     for step in range(steps):
         if record_traffic and step == steps - 1:
             ledger.__enter__()
-        inputs, targets = (local_tokens(t, mesh, rank) for t in make_batch(step, seed))
-        run = run_schedule("1f1b", pieces, inputs, targets, MICROBATCHES, loss_fn=loss_fn,
+        inputs, targets = (pieces.local_tokens(t, mesh, rank) for t in make_batch(step, seed))
+        run = run_schedule("1f1b", stages, inputs, targets, MICROBATCHES,
+                           loss_fn=lambda logits, y: pieces.loss_share(logits, y, mesh),
                            activation_shape=(inputs.shape[0] // MICROBATCHES, local_seq, CONFIG.dim),
                            group=groups[("pp",)], activation_dtype=dtype)
-        with torch.no_grad():
-            for p in stage.tp_replicated_parameters():
-                dist.all_reduce(zero.shard_of(p).grad, group=groups[("tp",)])
+        pieces.finish_gradients(stage, zero, groups)
         zero.step()
         zero.zero_grad()
         # The step's loss: the last stage's shares summed over tensor ranks, averaged over data x context.
@@ -236,11 +254,15 @@ def _train_rank(rank: int, world_size: int, mesh: Mesh, steps: int, seed: int, d
 
 
 def train(dp: int, tp: int, pp: int, cp: int, steps: int = 4, seed: int = 0, dtype: torch.dtype = torch.float64,
-          lr: float = LR, timeout: float = 300) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """Train on ``dp * tp * pp * cp`` gloo ranks; return each step's loss and the final parameters, reassembled."""
+          lr: float = LR, timeout: float = 300, pieces: Pieces = Pieces()) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Train on ``dp * tp * pp * cp`` gloo ranks; return each step's loss and the final parameters, reassembled.
+
+    ``pieces`` replaces the three functions of :class:`Pieces` (a lab's own versions).
+    """
     mesh = check_layout(dp, tp, pp, cp)
     check_positive_int("steps", steps)
-    results = launch(_train_rank, mesh.world_size, mesh, steps, seed, dtype, lr, backend="gloo", timeout=timeout)
+    results = launch(_train_rank, mesh.world_size, mesh, steps, seed, dtype, lr, False, pieces, backend="gloo",
+                     timeout=timeout)
     params = {}
     for p in range(pp):
         ranks = [results[mesh.rank(pp=p, tp=t)] for t in range(tp)]
