@@ -32,6 +32,7 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
+from utils.capstone.assemble_check import HINTS as ASSEMBLE_HINTS
 from utils.hints import MISTAKES as HINT_TABLES
 from utils.production.slow_step import HINTS as SLOW_STEP_HINTS
 from utils.student_edition import GIVEN_TAG, SOLUTION_TAG, build, exercises, labs, student_notebook
@@ -66,6 +67,10 @@ MISTAKES = {
                                       HINT_TABLES["fused-linear-cross-entropy"]["scaled"]),
     "03-crash-and-resume": ("crash-restore", 'schedule.last_epoch = int(state["schedule"])', "schedule.last_epoch = 0",
                             HINT_TABLES["crash-and-resume"]["scaled"]),
+    # the TP-replicated gradients summed over the wrong group: step 0's loss is right, step 1's is not
+    "01-assemble-a-4d-step": ("a4d-finish", 'dist.all_reduce(zero.shard_of(p).grad, group=groups[("tp",)])',
+                              'dist.all_reduce(zero.shard_of(p).grad, group=groups[("cp", "dp")])',
+                              ASSEMBLE_HINTS["finish"]),
 }
 
 

@@ -19,6 +19,17 @@ from utils.hints import CheckFailed
 LAYOUT = (2, 2, 2, 2)
 """The run the lab checks: every dimension at once, 16 gloo ranks."""
 TP_REPLICATED = ("norm", "embed.weight", "out.weight")
+HINTS = {
+    "finish": "step 0's loss is right and a later one is not: the gradients (the update) differ; "
+              "finish_gradients must sum the TP-replicated slices over the tp group.",
+    "first loss": "the loss itself is off from step 0: check loss_share and local_tokens.",
+    "replicated": "only parameters every tensor rank holds whole differ: each saw only its rank's tokens, so their "
+                  "gradient slices (zero.shard_of(p).grad) must be summed over groups[('tp',)].",
+    "sharded": "the sharded weights differ too: check the loss share and the tokens.",
+    "off by tp": "off by tp: the tensor group splits the share's tokens, so the share has "
+                 "targets.numel() * tp of them; the tp ranks' losses add up to the share's mean.",
+}
+"""The hint of each way the checks fail (the student-edition test plants one)."""
 
 
 def _fail(what: str, hint: str) -> CheckFailed:
@@ -69,8 +80,7 @@ def check_loss_share(fn: Callable[[torch.Tensor, torch.Tensor, Mesh], torch.Tens
         ratio = float(got) / float(want)
         if abs(ratio - 1) > 1e-10:
             if abs(ratio - mesh.tp) < 1e-9 and mesh.tp > 1:
-                hint = ("off by tp: the tensor group splits the share's tokens, so the share has "
-                        "targets.numel() * tp of them; the tp ranks' losses add up to the share's mean.")
+                hint = HINTS["off by tp"]
             elif abs(ratio * targets.numel() - 1) < 1e-9 or abs(ratio - 1 / targets.numel()) < 1e-9:
                 hint = "a mean where a sum divided by the share's token count is needed (or the reverse)."
             else:
@@ -86,15 +96,11 @@ def check_training(pieces: Pieces, steps: int = 2) -> tuple[list[float], list[fl
     losses, params = train(*LAYOUT, steps=steps, pieces=pieces)
     for step, (a, b) in enumerate(zip(losses, ref_losses)):
         if abs(a - b) > 1e-10:
-            hint = ("the loss itself is off from step 0: check loss_share and local_tokens."
-                    if step == 0 else "step 0's loss is right and a later one is not: the gradients (the update) "
-                                      "differ; finish_gradients must sum the TP-replicated slices over the tp group.")
+            hint = HINTS["first loss"] if step == 0 else HINTS["finish"]
             raise _fail(f"step {step}: loss {a:.12f}, one process {b:.12f}.", hint)
     wrong = [n for n in ref_params if (params[n] - ref_params[n]).abs().max() > 1e-10]
     if wrong:
         only_replicated = all(n.endswith(TP_REPLICATED) for n in wrong)
-        hint = ("only parameters every tensor rank holds whole differ: each saw only its rank's tokens, so their "
-                "gradient slices (zero.shard_of(p).grad) must be summed over groups[('tp',)]."
-                if only_replicated else "the sharded weights differ too: check the loss share and the tokens.")
+        hint = HINTS["replicated"] if only_replicated else HINTS["sharded"]
         raise _fail(f"after {steps} steps {len(wrong)} parameters differ from one process's, first {wrong[0]}.", hint)
     return losses, ref_losses

@@ -253,33 +253,50 @@ def _train_rank(rank: int, world_size: int, mesh: Mesh, steps: int, seed: int, d
     return RankResult(losses, stage.named_full_parameters(), ledger.calls, sum(p.numel() for p in stage.parameters()))
 
 
-def train(dp: int, tp: int, pp: int, cp: int, steps: int = 4, seed: int = 0, dtype: torch.dtype = torch.float64,
-          lr: float = LR, timeout: float = 300, pieces: Pieces = Pieces()) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """Train on ``dp * tp * pp * cp`` gloo ranks; return each step's loss and the final parameters, reassembled.
+@dataclass
+class Run:
+    """What :func:`run_4d` returns."""
 
-    ``pieces`` replaces the three functions of :class:`Pieces` (a lab's own versions).
-    """
+    losses: list[float]
+    """The batch's mean loss of each step."""
+    parameters: dict[str, torch.Tensor]
+    """The final parameters under the one-process model's names, tensor shards put back together."""
+    traffic: list[list[Row]]
+    """For each rank, the last step's bytes per (group, operation) against part 2's formulas; empty unless recorded."""
+
+
+def run_4d(dp: int, tp: int, pp: int, cp: int, steps: int = 4, seed: int = 0, dtype: torch.dtype = torch.float64,
+           lr: float = LR, record_traffic: bool = False, pieces: Pieces = Pieces(), timeout: float = 300) -> Run:
+    """Train on ``dp * tp * pp * cp`` gloo ranks; optionally count the last step's traffic
+    (:func:`~utils.capstone.traffic.predicted_wire_bytes` gives the formula column)."""
     mesh = check_layout(dp, tp, pp, cp)
     check_positive_int("steps", steps)
-    results = launch(_train_rank, mesh.world_size, mesh, steps, seed, dtype, lr, False, pieces, backend="gloo",
-                     timeout=timeout)
+    results = launch(_train_rank, mesh.world_size, mesh, steps, seed, dtype, lr, record_traffic, pieces,
+                     backend="gloo", timeout=timeout)
     params = {}
     for p in range(pp):
         ranks = [results[mesh.rank(pp=p, tp=t)] for t in range(tp)]
         for name, (tensor, dim) in ranks[0].parameters.items():
             params[name] = tensor if dim is None else torch.cat([r.parameters[name][0] for r in ranks], dim=dim)
-    return results[0].losses, params
+    traffic = []
+    if record_traffic:
+        e = torch.empty(0, dtype=dtype).element_size()
+        traffic = [compare(r.calls, predicted_wire_bytes(mesh, rank, CONFIG, SEQ_LEN, BATCH, MICROBATCHES, e,
+                                                          r.n_params)) for rank, r in enumerate(results)]
+    return Run(results[0].losses, params, traffic)
 
 
-def step_traffic(dp: int, tp: int, pp: int, cp: int, dtype: torch.dtype = torch.float64,
-                 timeout: float = 300) -> list[list[Row]]:
-    """For each rank, what one training step (the second) moved on each group, measured against part 2's formulas
-    (:func:`~utils.capstone.traffic.predicted_wire_bytes`)."""
-    mesh = check_layout(dp, tp, pp, cp)
-    results = launch(_train_rank, mesh.world_size, mesh, 2, 0, dtype, LR, True, backend="gloo", timeout=timeout)
-    e = torch.empty(0, dtype=dtype).element_size()
-    return [compare(r.calls, predicted_wire_bytes(mesh, rank, CONFIG, SEQ_LEN, BATCH, MICROBATCHES, e, r.n_params))
-            for rank, r in enumerate(results)]
+def train(dp: int, tp: int, pp: int, cp: int, steps: int = 4, seed: int = 0, dtype: torch.dtype = torch.float64,
+          lr: float = LR, pieces: Pieces = Pieces()) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Each step's loss and the final parameters of :func:`run_4d`; ``pieces`` replaces the functions of
+    :class:`Pieces` (a lab's own versions)."""
+    run = run_4d(dp, tp, pp, cp, steps, seed, dtype, lr, pieces=pieces)
+    return run.losses, run.parameters
+
+
+def step_traffic(dp: int, tp: int, pp: int, cp: int, dtype: torch.dtype = torch.float64) -> list[list[Row]]:
+    """For each rank, what one training step (the second) moved on each group, measured against part 2's formulas."""
+    return run_4d(dp, tp, pp, cp, steps=2, dtype=dtype, record_traffic=True).traffic
 
 
 def train_losses(dp: int, tp: int, pp: int, cp: int, steps: int = 4, seed: int = 0,

@@ -33,7 +33,7 @@ def token_owners(seq_len: int, tp: int, cp: int) -> np.ndarray:
     return owner
 
 
-def plot_token_owners(seq_len: int = 16, tp: int = 2, cp: int = 2) -> Figure:
+def plot_token_owners(seq_len: int = 32, tp: int = 2, cp: int = 2) -> Figure:
     """One row of ``seq_len`` positions, coloured by the (context, tensor) rank that holds each between blocks."""
     owner = token_owners(seq_len, tp, cp)
     fig, ax = plt.subplots(figsize=(max(6.0, seq_len * 0.32), 1.9))
@@ -57,7 +57,7 @@ def plot_step_traffic(rows: Sequence[Row], title: str = "one step on one rank") 
         raise ValueError("rows must hold at least one (group, operation) row")
     labels = [f"{r.group}\n{r.op}" for r in rows]
     x = np.arange(len(rows))
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows)), 3.4))
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(rows)), 3.4))
     ax.bar(x - 0.2, [r.measured / 1024 for r in rows], 0.4, label="measured")
     ax.bar(x + 0.2, [r.predicted / 1024 for r in rows], 0.4, label="part 2's formula")
     ax.set_xticks(x, labels, fontsize=8)
