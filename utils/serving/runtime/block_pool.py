@@ -113,6 +113,20 @@ class BlockPool:
         self._hash_of[block] = block_hash
         self._block_of[block_hash] = block
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix (after a weight update their keys and values are stale); returns how many.
+
+        Only when no request holds a block: a running request's blocks would otherwise stay shared under
+        hashes that no longer name what the new weights compute (vLLM's ``reset_prefix_cache`` refuses too).
+        """
+        held = sum(1 for c in self._refcount if c > 0)
+        if held:
+            raise ValueError(f"{held} blocks are still held by requests: finish them before resetting the cache")
+        n = len(self._block_of)
+        self._hash_of.clear()
+        self._block_of.clear()
+        return n
+
     def cached_hashes(self) -> set[BlockHash]:
         """The prefix hashes a lookup can hit now."""
         return set(self._block_of)

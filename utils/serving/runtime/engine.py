@@ -4,12 +4,16 @@ Put together from this part's pieces, as vLLM's engine core is:
 :class:`utils.serving.runtime.scheduler.Scheduler` decides each step's chunks,
 :class:`utils.serving.runtime.block_pool.BlockPool` hands out KV blocks (and finds
 cached prefixes), :func:`utils.serving.runtime.paged_forward.forward_segments` runs
-the model once over all of the step's tokens, and greedy sampling appends a
-token to every request whose known tokens are all computed.
+the model once over all of the step's tokens, and sampling (greedy, or with a
+temperature from the request's own seeded generator) appends a token to every
+request whose known tokens are all computed.
 
-Its contract: every request's output equals one-at-a-time greedy decoding
-(``TinyLlama.generate``) whatever the batch, the chunking, the preemptions and
-the cache hits; in float64 that holds token for token. A request is never
+Its contract: every request's output equals one-at-a-time decoding
+(``TinyLlama.generate`` when greedy, :func:`utils.serving.runtime.sampling.sample_reference`
+with the same seed when sampled) whatever the batch, the chunking, the
+preemptions and the cache hits; in float64 that holds token for token. For
+reinforcement learning it also returns each sampled token's log-prob and takes
+new weights in place between batches (:meth:`Engine.update_weights`). A request is never
 dropped; one that cannot fit even alone is refused when it is added.
 """
 
@@ -25,6 +29,7 @@ from utils.attention.llama import TinyLlama
 from utils.serving.runtime.block_pool import BlockPool
 from utils.serving.costs.metrics import RequestTimes
 from utils.serving.runtime.paged_forward import DECODE_ATTENTION, KVBlocks, Segment, forward_segments
+from utils.serving.runtime.sampling import check_sampling, draw, make_generator
 from utils.serving.runtime.scheduler import Request, ScheduledChunk, Scheduler
 from utils.validate import check_positive_int
 
@@ -146,6 +151,8 @@ class Engine:
         self._finished: set[int] = set()
         self._steps = 0
         self._schedule: list[StepRecord] = []
+        self._samplers: dict[int, tuple[float, torch.Generator | None]] = {}
+        self._logprobs: dict[int, list[float]] = {}
 
     @property
     def elapsed_seconds(self) -> float:
@@ -156,13 +163,18 @@ class Engine:
     def capacity_tokens(self) -> int:
         return self.kv.num_blocks * self.kv.block_size
 
-    def add_request(self, prompt: list[int], max_new_tokens: int, *, arrival: float | None = None) -> int:
-        """Queue a request for ``max_new_tokens`` greedy tokens after ``prompt``; returns its id.
+    def add_request(self, prompt: list[int], max_new_tokens: int, *, arrival: float | None = None,
+                    temperature: float = 0.0, seed: int | None = None, stop_token: int | None = None) -> int:
+        """Queue a request for up to ``max_new_tokens`` tokens after ``prompt``; returns its id.
 
         ``arrival`` is when the request arrived, in seconds since the engine started (default: now); a replay
         that adds requests between steps passes their true arrival so that TTFT counts the wait for the step.
+        ``temperature`` 0 (the default) is greedy; above 0 each token is drawn from ``softmax(logits / T)`` with
+        the request's own generator, seeded by ``seed`` (:func:`utils.serving.runtime.sampling.draw`), so that the
+        output does not depend on the batch. ``stop_token`` ends the request when produced.
         """
         check_positive_int("max_new_tokens", max_new_tokens)
+        check_sampling(temperature, seed, stop_token, self.model.config.vocab)
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise ValueError("prompt is empty: a request needs at least one token")
@@ -178,8 +190,11 @@ class Engine:
             raise ValueError(f"without chunked prefill a request's {needed} tokens must fit one step's budget "
                              f"of {self.scheduler.max_num_batched_tokens}")
         request_id = len(self._requests)
-        request = Request(request_id, prompt, max_new_tokens)
+        request = Request(request_id, prompt, max_new_tokens, stop_token=stop_token)
         self._requests[request_id] = request
+        if temperature > 0:
+            self._samplers[request_id] = (float(temperature), make_generator(seed))
+        self._logprobs[request_id] = []
         now = self.clock() - self._start
         if arrival is not None and not 0 <= arrival <= now:
             raise ValueError(f"arrival must lie between the engine's start (0) and now ({now:.3f} s), got {arrival}")
@@ -208,11 +223,15 @@ class Engine:
             tuple((c.request.request_id, c.num_tokens, chunk_phase(c)) for c in chunks),
             tuple(self.scheduler.preempted_last)))
         done = []
-        for chunk, token in zip(chunks, greedy):
+        for row, (chunk, token) in enumerate(zip(chunks, greedy)):
             request = chunk.request
             self.scheduler.computed(request, chunk.num_tokens)
             if request.num_computed < request.num_tokens:
                 continue  # a prompt chunk: no token yet
+            sampler = self._samplers.get(request.request_id)
+            if sampler is not None:
+                token, logprob = draw(logits[row], *sampler)
+                self._logprobs[request.request_id].append(logprob)
             request.output.append(token)
             self._token_times[request.request_id].append((self._steps, now))
             if request.finished:
@@ -226,6 +245,44 @@ class Engine:
         while self.has_unfinished():
             self.step()
         return {i: list(r.output) for i, r in self._requests.items()}
+
+    def output_logprobs(self, request_id: int) -> list[float]:
+        """The temperature-1 log-probs of a sampled request's output tokens (empty for a greedy one)."""
+        if request_id not in self._logprobs:
+            raise ValueError(f"no request {request_id}; ids run from 0 to {len(self._requests) - 1}")
+        return list(self._logprobs[request_id])
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix (:meth:`utils.serving.runtime.block_pool.BlockPool.reset_prefix_cache`)."""
+        return self.pool.reset_prefix_cache()
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors) -> int:
+        """Copy new weights into the served model in place, then drop the prefix cache; returns the bytes copied.
+
+        ``named_tensors`` yields ``(name, tensor)`` pairs with the model's parameter names (a trainer's
+        ``named_parameters()``, or tensors received from it). Only between batches: a request in flight
+        would mix keys and values of two policies. Every parameter must be given exactly once.
+        """
+        if self.has_unfinished():
+            raise ValueError("requests are still running: update the weights between batches")
+        params = dict(self.model.named_parameters())
+        seen, nbytes = set(), 0
+        for name, tensor in named_tensors:
+            if name not in params:
+                raise ValueError(f"{name!r} is not a parameter of the served model")
+            if name in seen:
+                raise ValueError(f"{name!r} was given twice")
+            if tuple(tensor.shape) != tuple(params[name].shape):
+                raise ValueError(f"{name!r} has shape {tuple(tensor.shape)}, the model's is {tuple(params[name].shape)}")
+            params[name].copy_(tensor)
+            seen.add(name)
+            nbytes += params[name].numel() * params[name].element_size()
+        missing = sorted(set(params) - seen)
+        if missing:
+            raise ValueError(f"{len(missing)} parameters were not updated, first {missing[0]!r}")
+        self.reset_prefix_cache()
+        return nbytes
 
     def stats(self) -> EngineStats:
         """Per-request TTFT and TPOT in steps and seconds (finished requests), and the prefix-cache hits."""

@@ -57,6 +57,8 @@ class Request:
     cached_tokens: int = 0
     """Tokens whose K/V came from the prefix cache instead of being computed, over all admissions."""
     preemptions: int = 0
+    stop_token: int | None = None
+    """A token that ends the request as soon as it is produced (an end-of-sequence mark), or None."""
 
     @property
     def tokens(self) -> list[int]:
@@ -69,7 +71,8 @@ class Request:
 
     @property
     def finished(self) -> bool:
-        return len(self.output) >= self.max_new_tokens
+        return len(self.output) >= self.max_new_tokens or (
+            self.stop_token is not None and bool(self.output) and self.output[-1] == self.stop_token)
 
 
 @dataclass(frozen=True)
