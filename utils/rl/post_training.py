@@ -67,8 +67,9 @@ def kl_to_reference(policy: nn.Module, ref: nn.Module, sequences: torch.Tensor) 
     Averaged over ``y ~ pi`` this is the sequence-level ``KL(pi || pi_ref)``
     (the chain rule of KL), with less variance than ``log pi(y) - log pi_ref(y)``.
     """
-    logp = torch.log_softmax(policy(sequences[:, :-1])[:, PROMPT_LEN - 1:].float(), -1)
-    logq = torch.log_softmax(ref(sequences[:, :-1])[:, PROMPT_LEN - 1:].float(), -1)
+    logits_p, logits_q = (m(sequences[:, :-1])[:, PROMPT_LEN - 1:] for m in (policy, ref))
+    dtype = torch.promote_types(torch.promote_types(logits_p.dtype, logits_q.dtype), torch.float32)
+    logp, logq = torch.log_softmax(logits_p.to(dtype), -1), torch.log_softmax(logits_q.to(dtype), -1)
     per_token = (logp.exp() * (logp - logq)).sum(-1)
     return torch.where(response_mask(sequences), per_token, 0.0).sum(-1)
 

@@ -153,9 +153,11 @@ def response_mask(sequences: torch.Tensor) -> torch.Tensor:
 
 
 def token_logprobs(model: nn.Module, sequences: torch.Tensor) -> torch.Tensor:
-    """``(batch, MAX_RESPONSE)``: ``log pi(y_t | x, y_<t)`` of each response token (garbage where the mask is 0)."""
+    """``(batch, MAX_RESPONSE)``: ``log pi(y_t | x, y_<t)`` of each response token (garbage where the mask is 0),
+    computed in fp32 (fp64 for an fp64 model)."""
     logits = model(sequences[:, :-1])[:, PROMPT_LEN - 1:]
-    return torch.log_softmax(logits.float(), -1).gather(-1, sequences[:, PROMPT_LEN:, None]).squeeze(-1)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32, or fp64 for an fp64 model
+    return torch.log_softmax(logits, -1).gather(-1, sequences[:, PROMPT_LEN:, None]).squeeze(-1)
 
 
 def sequence_logprob(model: nn.Module, sequences: torch.Tensor) -> torch.Tensor:
