@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from utils.attention.rope import apply_rope, check_layout, compute_dtype, rope_angles
+from utils.attention.rope import apply_rope, check_layout, compute_dtype, rope_angles, to_compute_dtype
 from utils.validate import check_positive_int
 
 __all__ = ["Attention", "Block", "LlamaConfig", "TinyLlama", "apply_rope", "rms_norm", "rope_angles",
@@ -37,7 +37,7 @@ __all__ = ["Attention", "Block", "LlamaConfig", "TinyLlama", "apply_rope", "rms_
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """``x / sqrt(mean(x^2, last dim) + eps) * weight``, computed in fp32 (fp64 for fp64) and returned in ``x``'s dtype."""
-    xc = x.to(compute_dtype(x.dtype))
+    xc = to_compute_dtype(x)
     return (xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
 
 
