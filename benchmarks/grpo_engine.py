@@ -32,7 +32,7 @@ from utils.capstone.grpo_engine import EVAL_SAMPLES, Settings, train
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FULL = {"seeds": [0, 1, 2], "steps": 60, "eval_every": 10, "async_steps": 20}
-QUICK = {"seeds": [0], "steps": 2, "eval_every": 1, "async_steps": 2}
+QUICK = {"seeds": [0], "steps": 2, "eval_every": 2, "async_steps": 2}
 
 
 def run(settings: dict, log=print) -> dict:
