@@ -167,20 +167,30 @@ def stored_run_seconds(notebook) -> float:
 # when kernels start side by side on a loaded machine (CI once lost one of two tiny notebooks so).
 KERNEL_START_FAILURE = "Kernel died before replying to kernel_info"
 KERNEL_START_ATTEMPTS = 3
+# jupyter-cache's truncate_caches, run each time a notebook is stored, reads the records to keep and
+# then the others in a second query: a record another process created in between (its file not yet
+# written) is taken for one to delete, and remove_cache raises this KeyError. The notebook that hits it
+# was stored before the truncation (and the other one's record is left alone: the error comes before
+# anything is removed), so trying again finds it in the cache. CI met it once, with 75 notebooks.
+CACHE_TRUNCATION_RACE = "Notebook file does not exist for cache record"
+RETRIED = (KERNEL_START_FAILURE, CACHE_TRUNCATION_RACE)
 
 
 def execute_one(path: str, config_path: str, build_dir: str) -> Outcome:
     """Run myst-nb's cache client on one notebook, as the build would (in a worker process).
 
-    A kernel that dies before it replies to ``kernel_info`` (no cell has run) is started
-    again, up to :data:`KERNEL_START_ATTEMPTS` times in all; any other failure is final.
+    A kernel that dies before it replies to ``kernel_info`` (no cell has run), or jupyter-cache's
+    truncation race (:data:`CACHE_TRUNCATION_RACE`), is tried again, up to :data:`KERNEL_START_ATTEMPTS`
+    times in all; any other failure is final.
     """
     for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
         outcome = _execute_once(path, config_path, build_dir)
-        if outcome.status != "failed" or KERNEL_START_FAILURE not in outcome.message:
+        if outcome.status != "failed" or not any(m in outcome.message for m in RETRIED):
             return outcome
         if attempt < KERNEL_START_ATTEMPTS:
-            print(f"{path}: the kernel died before it started (attempt {attempt}); starting it again", flush=True)
+            what = ("the kernel died before it started" if KERNEL_START_FAILURE in outcome.message
+                    else "jupyter-cache's truncation raced another process")
+            print(f"{path}: {what} (attempt {attempt}); trying again", flush=True)
     return outcome
 
 

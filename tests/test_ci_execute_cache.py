@@ -188,7 +188,22 @@ def test_a_kernel_that_dies_before_starting_is_started_again(monkeypatch, capsys
 
     monkeypatch.setattr(execute_cache, "_execute_once", flaky)
     assert execute_cache.execute_one("a.ipynb", "c.yml", "_build").status == "executed"
-    assert len(tries) == 2 and "starting it again" in capsys.readouterr().out
+    assert len(tries) == 2 and "the kernel died before it started (attempt 1); trying again" in capsys.readouterr().out
+
+
+def test_jupyter_caches_truncation_race_is_tried_again_and_found_cached(monkeypatch, capsys):
+    tries = []
+
+    def raced(path, config_path, build_dir):
+        tries.append(path)
+        if len(tries) == 1:
+            return execute_cache.Outcome(path, "failed", 20.0, "KeyError: 'Notebook file does not exist for cache "
+                                                               "record PK: 58'")
+        return execute_cache.Outcome(path, "cached", 0.1)
+
+    monkeypatch.setattr(execute_cache, "_execute_once", raced)
+    assert execute_cache.execute_one("a.ipynb", "c.yml", "_build").status == "cached"
+    assert len(tries) == 2 and "truncation raced another process" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("message, tries_expected", [
