@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from utils.capstone.engine_rollouts import engine_rollouts, new_engine, pretrained_llama
-from utils.capstone.grpo_engine import Settings, _seeds, tis_grpo_loss
+from utils.capstone.grpo_engine import Settings, sample_seeds, tis_grpo_loss
 from utils.dist import launch
 from utils.rl.objectives import grpo_advantages
 from utils.rl.post_training import arithmetic_reward, frozen_copy
@@ -75,7 +75,7 @@ def _engine_rank(mode: str, s: Settings, seed: int) -> RankTimes:
     def generate(step: int):
         picks = torch.randint(100, (s.prompts_per_step,), generator=g).tolist()
         start = time.perf_counter()
-        roll = engine_rollouts(engine, [all_prompts()[i] for i in picks], s.group_size, _seeds(seed, step, n))
+        roll = engine_rollouts(engine, [all_prompts()[i] for i in picks], s.group_size, sample_seeds(seed, step, n))
         times.add("generate", time.perf_counter() - start)
         return roll
 
@@ -103,7 +103,7 @@ def _engine_rank(mode: str, s: Settings, seed: int) -> RankTimes:
             roll = generate(step + 1)
         times.step_seconds.append(time.perf_counter() - t0)
     # After the last sync: these seeds' rollouts must be what the trainer's final weights sample.
-    check_seeds = _seeds(seed, 10 ** 6, 8)
+    check_seeds = sample_seeds(seed, 10 ** 6, 8)
     after = engine_rollouts(engine, [all_prompts()[17]], 8, check_seeds)
     times.check = {"sequences": after.sequences, "seeds": check_seeds}
     return times

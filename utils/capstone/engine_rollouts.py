@@ -96,7 +96,7 @@ def engine_rollouts(engine: Engine, problems: list[tuple[int, int]], group_size:
         raise ValueError(f"need one seed per sample: {len(problems) * group_size}, got {len(seeds)}")
     if engine.has_unfinished():
         raise ValueError("the engine is still serving requests; rollouts need it idle")
-    start, steps0, first = time.perf_counter(), engine.stats().steps, len(engine.stats().requests)
+    start, steps0 = time.perf_counter(), engine.stats().steps
     prompts = prompt_tokens(problems).tolist()
     ids: list[int | None] = [None] * len(seeds)
 
@@ -119,6 +119,5 @@ def engine_rollouts(engine: Engine, problems: list[tuple[int, int]], group_size:
         lp = engine.output_logprobs(rid)[:MAX_RESPONSE]
         logprobs.append(lp + [0.0] * (MAX_RESPONSE - len(lp)))
     cached = sum(stats.requests[rid].cached_tokens for rid in ids)
-    del first
     return Rollouts(torch.tensor(sequences), torch.tensor(logprobs, dtype=torch.float64),
                     PROMPT_LEN * len(seeds), cached, stats.steps - steps0, time.perf_counter() - start)

@@ -94,7 +94,7 @@ class History:
     accuracy: list[float] = field(default_factory=list)
 
 
-def _seeds(seed: int, step: int, n: int) -> list[int]:
+def sample_seeds(seed: int, step: int, n: int) -> list[int]:
     """Distinct sampling seeds for the ``n`` requests of a step (and for evaluation, ``step = -1 - k``)."""
     base = (seed * 1_000_003 + (step + 7) * 10_007) % (2 ** 31)
     return [base + i for i in range(n)]
@@ -103,7 +103,7 @@ def _seeds(seed: int, step: int, n: int) -> list[int]:
 def accuracy(engine, seed: int, k: int) -> float:
     """The mean reward of ``EVAL_SAMPLES`` temperature-1 samples of each of the 100 problems, on ``engine``."""
     problems = all_prompts()
-    roll = engine_rollouts(engine, problems, EVAL_SAMPLES, _seeds(seed, -1 - k, len(problems) * EVAL_SAMPLES))
+    roll = engine_rollouts(engine, problems, EVAL_SAMPLES, sample_seeds(seed, -1 - k, len(problems) * EVAL_SAMPLES))
     return arithmetic_reward(roll.sequences).mean().item()
 
 
@@ -122,7 +122,7 @@ def train(seed: int = 0, off_policy: bool = False, settings: Settings = Settings
 
     def rollouts(step: int):
         picks = torch.randint(100, (s.prompts_per_step,), generator=g).tolist()
-        return engine_rollouts(engine, [all_prompts()[i] for i in picks], s.group_size, _seeds(seed, step, n))
+        return engine_rollouts(engine, [all_prompts()[i] for i in picks], s.group_size, sample_seeds(seed, step, n))
 
     pending = rollouts(0) if off_policy else None
     for step in range(s.steps):
