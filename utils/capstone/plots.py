@@ -6,11 +6,12 @@ from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
+import torch
 from matplotlib.figure import Figure
 
 from utils.capstone.mesh import Mesh
+from utils.capstone.parallel_4d import local_tokens
 from utils.capstone.traffic import Row
-from utils.parallel.frontier.context_parallel import positions
 from utils.validate import check_positive_int
 
 
@@ -25,11 +26,10 @@ def token_owners(seq_len: int, tp: int, cp: int) -> np.ndarray:
     if seq_len % (2 * cp) or (seq_len // cp) % tp:
         raise ValueError(f"seq_len={seq_len} must split into 2*cp={2 * cp} chunks and each share of "
                          f"{seq_len / cp:g} tokens into tp={tp} slices")
+    mesh = Mesh(tp=tp, cp=cp)
     owner = np.empty(seq_len, dtype=int)
-    for c in range(cp):
-        share = positions(seq_len, c, cp, "zigzag").numpy()
-        for t, piece in enumerate(np.array_split(share, tp)):
-            owner[piece] = c * tp + t
+    for rank in range(mesh.world_size):  # rank = tp_i + tp * cp_i, the mesh's order
+        owner[local_tokens(torch.arange(seq_len)[None], mesh, rank)[0].numpy()] = rank
     return owner
 
 

@@ -152,15 +152,6 @@ def predicted_wire_bytes(mesh: Mesh, rank: int, config: LlamaConfig, seq_len: in
     return out
 
 
-def planner_wire_bytes(predicted: dict[tuple[str, str], float], tp: int) -> dict[str, float]:
-    """The planner's per-group totals for the same step: the formulas above, but TP as four all-reduces of the
-    buffer per layer per micro-batch (``8 (t-1)/t`` buffers), without sequence parallelism's two re-gathers."""
-    out: dict[str, float] = defaultdict(float)
-    for (group, op), b in predicted.items():
-        out[group] += b * (8 / 10 if group == "tp" else 1.0)
-    return dict(out)
-
-
 @dataclass(frozen=True)
 class Row:
     group: str
