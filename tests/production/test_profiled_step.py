@@ -51,10 +51,22 @@ def test_bad_input_is_refused(tmp_path, call, message):
         call(tmp_path)
 
 
-def test_time_step_grows_less_than_the_batch():
-    """Eight times the sequences cost well under eight times the time: the step's fixed cost per operator call."""
-    one, eight = ps.time_step(batch=1, seq_len=16, steps=3), ps.time_step(batch=8, seq_len=16, steps=3)
-    assert 0 < one < eight < 8 * one
+def test_time_step_is_the_fastest_timed_step_after_the_warmup(monkeypatch):
+    """On a fake clock: the warm-up steps are not timed, and the fastest timed step is returned.
+
+    (The chapter measures how the step grows with the batch; a timed comparison
+    here failed under CI's load, so the test checks what ``time_step`` computes.)"""
+    durations = iter([5.0, 5.0, 0.3, 0.1, 0.2])  # two warm-up steps, then three timed ones
+    clock = [0.0]
+    monkeypatch.setattr(ps.time, "perf_counter", lambda: clock[0])
+
+    def fake_step(model, optimizer, tokens):
+        clock[0] += next(durations)
+
+    monkeypatch.setattr(ps, "training_step", fake_step)
+    assert ps.time_step(batch=1, seq_len=4, steps=3, warmup=2) == pytest.approx(0.1)
+    with pytest.raises(StopIteration):
+        next(durations)
 
 
 def test_quiet_kineto_drops_only_the_profiler_lines(capfd):
