@@ -122,8 +122,11 @@ GPUS: Mapping[str, GpuSpec] = MappingProxyType({g.name: g for g in _GPU_LIST})
 """All known GPUs by name."""
 
 
-def spec(name: str) -> GpuSpec:
-    """The :class:`GpuSpec` of GPU ``name`` (one of :data:`GPUS`)."""
+def spec(name: str | GpuSpec) -> GpuSpec:
+    """The :class:`GpuSpec` of GPU ``name`` (one of :data:`GPUS`); a :class:`GpuSpec` is returned as it is, so that
+    a calculator taking a GPU's name also takes a machine described by its own measured rates."""
+    if isinstance(name, GpuSpec):
+        return name
     if name not in GPUS:
         raise ValueError(f"unknown GPU {name!r}; known GPUs: {', '.join(GPUS)}")
     return GPUS[name]

@@ -173,7 +173,7 @@ NIC_BANDWIDTH = 50e9
 :class:`utils.parallel.planning.planner.Cluster`'s default)."""
 
 
-def link_bandwidth(gpu: str = "H100-SXM", n_gpus: int = 8, gpus_per_node: int = 8) -> float:
+def link_bandwidth(gpu: str | hardware.GpuSpec = "H100-SXM", n_gpus: int = 8, gpus_per_node: int = 8) -> float:
     """Bytes/s per GPU, one direction, of the slowest link ``n_gpus`` GPUs use: NVLink in one node, else the NIC.
 
     NVLink's datasheet figure counts both directions (900 GB/s on an H100), so one direction is half.
@@ -237,7 +237,7 @@ def response_lengths(n_sequences: int, mean_len: float, max_len: int) -> np.ndar
 
 
 def generation_seconds(model: PolicyModel, n_sequences: int, prompt_len: int, response_len: int,
-                       n_gpus: int = 8, tp: int = 1, gpu: str = "H100-SXM", mfu: float = 0.4,
+                       n_gpus: int = 8, tp: int = 1, gpu: str | hardware.GpuSpec = "H100-SXM", mfu: float = 0.4,
                        lengths: str = "longest", mean_response_len: float | None = None,
                        decode_fraction: Callable[[int], float] | None = None) -> float:
     """Seconds to generate ``response_len`` tokens for each of ``n_sequences`` sequences on ``n_gpus`` GPUs.
@@ -289,7 +289,8 @@ def generation_seconds(model: PolicyModel, n_sequences: int, prompt_len: int, re
     return seconds
 
 
-def _decode_step_seconds(model: PolicyModel, batch: int | np.ndarray, contexts: np.ndarray, gpu: str) -> np.ndarray:
+def _decode_step_seconds(model: PolicyModel, batch: int | np.ndarray, contexts: np.ndarray,
+                         gpu: str | hardware.GpuSpec) -> np.ndarray:
     """``min_seconds(decode_step_cost(model.n_params_read, model.attention, b, c), gpu, "bf16")`` for each ``c``.
 
     ``batch`` is one batch for every step, or one per step. The same operations in the same order on an
@@ -328,8 +329,9 @@ def _check_flag(name: str, flag: object) -> bool:
 
 
 def rlhf_step_time(algorithm: str, model: PolicyModel, n_prompts: int, group_size: int, prompt_len: int,
-                   response_len: int, n_gpus: int = 8, tp: int = 1, gpu: str = "H100-SXM", mfu: float = 0.4,
-                   reference: bool = True, reward_model: bool = True, epochs: int = 1, old_log_probs: bool = True,
+                   response_len: int, n_gpus: int = 8, tp: int = 1, gpu: str | hardware.GpuSpec = "H100-SXM",
+                   mfu: float = 0.4, reference: bool = True, reward_model: bool = True, epochs: int = 1,
+                   old_log_probs: bool = True,
                    weight_sync: bool = True, micro_batch_size: int = 4, mean_response_len: int | None = None,
                    bandwidth_bytes_per_s: float | None = None, generate: bool = True, trainer: str = "zero3",
                    trainer_pp: int = 1, optimizer_steps: int = 1, lengths: str = "longest",
