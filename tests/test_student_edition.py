@@ -33,6 +33,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from utils.capstone.assemble_check import HINTS as ASSEMBLE_HINTS
+from utils.capstone.grpo_check import HINTS as GRPO_HINTS
 from utils.hints import MISTAKES as HINT_TABLES
 from utils.production.slow_step import HINTS as SLOW_STEP_HINTS
 from utils.student_edition import GIVEN_TAG, SOLUTION_TAG, build, exercises, labs, student_notebook
@@ -71,6 +72,9 @@ MISTAKES = {
     "01-assemble-a-4d-step": ("a4d-finish", 'dist.all_reduce(zero.shard_of(p).grad, group=groups[("tp",)])',
                               'dist.all_reduce(zero.shard_of(p).grad, group=groups[("cp", "dp")])',
                               ASSEMBLE_HINTS["finish"]),
+    # the temperature left out of the CDF: the draws follow softmax(z), and the chi-square test says so
+    "02-grpo-with-your-own-engine": ("grpo-lab-draw", "cdf = torch.softmax(row / temperature, -1).cumsum(0)",
+                                     "cdf = torch.softmax(row, -1).cumsum(0)", GRPO_HINTS["temperature ignored"]),
 }
 
 
