@@ -219,7 +219,7 @@ def _loss_batch(seed: int, n: int = 16, t: int = 3) -> tuple[torch.Tensor, ...]:
 
 def _scalar(loss: object, where: str) -> torch.Tensor:
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        raise CheckFailed(f"{where}: your loss is {loss!r:.80}.\nHint: {HINTS['loss type']}", HINTS["loss type"], None)
+        raise _fail(f"{where}: your loss is {loss!r:.80}.", "loss type")
     return loss.reshape(())
 
 
