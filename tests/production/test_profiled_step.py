@@ -36,7 +36,7 @@ def test_a_straggler_makes_the_other_rank_wait_in_collectives(tmp_path):
     slow = ps.profile_ddp(tmp_path / "slow", world_size=2, steps=2, straggler=1, straggle_seconds=0.15, batch=2,
                           seq_len=16)
     assert [p.endswith(f"rank{r}.json") for r, p in enumerate(slow)] == [True, True]
-    assert collective_ms(slow, 0) - collective_ms(even, 0) > 0.7 * 2 * 150
+    assert collective_ms(slow, 0) - collective_ms(even, 0) > 0.4 * 2 * 150  # as the chapter: load hides some
     assert collective_ms(slow, 1) < collective_ms(slow, 0)
 
 
