@@ -3,9 +3,10 @@
 #                        (the outputs that `make test` checks against a fresh run)
 #   make book EXECUTE=1  execute every notebook first (myst-nb's jupyter-cache client, JOBS at a time),
 #                        then build _build/html from the cache
-#   make test            unit tests, `make book` with warnings as errors, then every notebook executed
-#                        once (`make book EXECUTE=1` from a clean _build), its checked outputs compared
-#                        with the stored ones (`make check-outputs`), then `make links` and `make browser`
+#   make test            unit tests, `make book` with warnings as errors, every notebook executed once
+#                        into the build's cache (the execution of `make book EXECUTE=1`, from a clean
+#                        _build), its checked outputs compared with the stored ones (`make check-outputs`),
+#                        then `make links` and `make browser` over the book `make book` built
 #   make nbval           nbval over every notebook: the same comparison, in a second execution
 #   make lab             JupyterLab in the book's environment
 #   make nbval-portable  nbval on another CPU code path and thread count (AVX2 kernels, 2 threads):
@@ -103,8 +104,7 @@ BOOK_CONFIG := _build/config/$(if $(filter 1,$(EXECUTE)),execute,stored).yml
 # the cell timeout set to CELL_TIMEOUT, written to FILE.
 book_config = mkdir -p _build/config && sed -e 's/^\(  *execute_notebooks:\).*/\1 $(1)/' \
 	-e 's/^\(  *timeout:\).*/\1 $(CELL_TIMEOUT)/' _config.yml > $(2)
-# Where the build goes: $(BOOK_OUT)/_build/html (make test builds the stored outputs into _build/stored
-# beside the executed book).
+# Where the build goes: $(BOOK_OUT)/_build/html.
 BOOK_OUT ?= .
 book: $(STAMP) $(MATHJAX)/tex-mml-chtml.js
 	$(call book_config,$(if $(filter 1,$(EXECUTE)),cache,"off"),$(BOOK_CONFIG))
@@ -115,15 +115,20 @@ endif
 	$(BIN)/jupyter-book build . --config $(BOOK_CONFIG) --path-output $(BOOK_OUT) -W --keep-going
 	@echo "Open $(BOOK_OUT)/_build/html/index.html"
 
-# Each notebook runs once. After the setup stage two things run side by side, so that both cores stay
-# busy where one alone leaves a core idle (notebooks and tests that wait, the tail of each stage):
+# Each notebook runs once. After the setup stage three lanes run side by side, so that both cores stay
+# busy where one alone leaves a core idle (notebooks and tests that wait, the tail of each lane):
 #   - the notebooks: from a clean _build every notebook runs through myst-nb's cache
-#     (.ci/execute_cache.py, JOBS at a time); then the book is rendered from that cache while, beside
-#     it, the stored outputs are rendered with -W into _build/stored (what a reader's first command,
-#     `make book`, builds; no execution); check-outputs compares the cells tagged nbval-check-output
-#     with the stored outputs by nbval's rules (.ci/check_outputs.py), and the link check and the
-#     browser suite test the executed book;
-#   - the unit tests (their output is printed in one piece when they end).
+#     (.ci/execute_cache.py, JOBS at a time), the build's own execution path; then check-outputs
+#     compares the cells tagged nbval-check-output with the stored outputs by nbval's rules
+#     (.ci/check_outputs.py), reading the executed notebooks from that cache;
+#   - the unit tests (their output is printed in one piece when they end);
+#   - the site: `make book` exactly as a reader runs it (the stored outputs, -W, into _build/html:
+#     what a reader opens), then the link check; the browser suite tests that HTML once the
+#     notebooks have run, beside the unit tests' tail.
+# The stored outputs are what the HTML shows, and check-outputs ties them to this run's execution, so
+# the executed notebooks are not rendered a second time (until 2026-11-29 make test built both: the
+# same pages twice, about 2 min of one core). `make book EXECUTE=1`, the render from the cache, is
+# tested on small notebooks by tests/test_ci_execute_cache.py.
 # On Linux their kernels are forked from a process that has imported torch once (JUPYTER_PATH puts the
 # kernel spec .ci/jupyter/kernels/python3 first: utils/forked_kernels.py), not started afresh each time;
 # elsewhere (macOS: forking after the Accelerate framework is loaded is unsafe) they start as usual.
@@ -137,28 +142,22 @@ test:
 	rm -rf $(TIMINGS)
 	+$(STAGE) setup $(MAKE) --no-print-directory -j 2 $(MATHJAX)/tex-mml-chtml.js $(CHROMIUM)
 	rm -rf _build
-	$(FORKED_KERNELS) $(MAKE) --no-print-directory -j 2 test-notebooks test-unit
+	$(FORKED_KERNELS) $(MAKE) --no-print-directory -j 3 test-notebooks test-unit test-site test-browser
 	@$(PYTHON) .ci/timings.py --dir $(TIMINGS) --stages-only
 
-.PHONY: test-notebooks test-unit
+.PHONY: test-notebooks test-unit test-site test-browser
 test-notebooks:
 	$(call book_config,cache,_build/config/execute.yml)
 	$(STAGE) execute $(BIN)/python .ci/execute_cache.py --config _build/config/execute.yml --build-dir _build \
 		--jobs $(JOBS) --timings $(TIMINGS)/notebooks.json $(NOTEBOOKS)
-	+$(STAGE) book $(MAKE) --no-print-directory -j 2 -O book-executed book-stored
 	+$(STAGE) check-outputs $(MAKE) --no-print-directory check-outputs
-	+$(STAGE) links $(MAKE) --no-print-directory links
-	+$(STAGE) browser $(MAKE) --no-print-directory browser
 test-unit:
 	+$(STAGE) --output $(TIMINGS)/unit.log unit $(MAKE) --no-print-directory unit
-
-# The two builds the book stage renders side by side (each is one process; together they use both cores):
-# the executed book (every notebook already in the cache) and the stored outputs with -W.
-.PHONY: book-executed book-stored
-book-executed:
-	$(MAKE) --no-print-directory book EXECUTE=1
-book-stored:
-	$(MAKE) --no-print-directory book BOOK_OUT=_build/stored
+test-site:
+	+$(STAGE) --output $(TIMINGS)/book.log book $(MAKE) --no-print-directory book
+	+$(STAGE) links $(MAKE) --no-print-directory links
+test-browser: test-site test-notebooks
+	+$(STAGE) browser $(MAKE) --no-print-directory browser
 
 slowest:
 	@$(PYTHON) .ci/timings.py --dir $(TIMINGS)
