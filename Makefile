@@ -118,7 +118,10 @@ endif
 # Each notebook runs once. After the setup stage three lanes run side by side, so that both cores stay
 # busy where one alone leaves a core idle (notebooks and tests that wait, the tail of each lane):
 #   - the notebooks: from a clean _build every notebook runs through myst-nb's cache
-#     (.ci/execute_cache.py, JOBS at a time), the build's own execution path; then check-outputs
+#     (.ci/execute_cache.py, JOBS at a time), the build's own execution path, each lab with its
+#     student edition checked inside that one execution (--student-checks: before each exercise's
+#     solution the kernel forks and runs the student edition from there, utils/student_probe.py;
+#     the unit tests, told so by BOOK_STUDENT_CHECKS=execute, do not run the labs again); then check-outputs
 #     compares the cells tagged nbval-check-output with the stored outputs by nbval's rules
 #     (.ci/check_outputs.py), reading the executed notebooks from that cache;
 #   - the unit tests (their output is printed in one piece when they end);
@@ -149,10 +152,10 @@ test:
 test-notebooks:
 	$(call book_config,cache,_build/config/execute.yml)
 	$(STAGE) execute $(BIN)/python .ci/execute_cache.py --config _build/config/execute.yml --build-dir _build \
-		--jobs $(JOBS) --timings $(TIMINGS)/notebooks.json $(NOTEBOOKS)
+		--jobs $(JOBS) --timings $(TIMINGS)/notebooks.json --student-checks $(NOTEBOOKS)
 	+$(STAGE) check-outputs $(MAKE) --no-print-directory check-outputs
 test-unit:
-	+$(STAGE) --output $(TIMINGS)/unit.log unit $(MAKE) --no-print-directory unit
+	+BOOK_STUDENT_CHECKS=execute $(STAGE) --output $(TIMINGS)/unit.log unit $(MAKE) --no-print-directory unit
 test-site:
 	+$(STAGE) --output $(TIMINGS)/book.log book $(MAKE) --no-print-directory book
 	+$(STAGE) links $(MAKE) --no-print-directory links

@@ -24,6 +24,13 @@ A failure stops ``make`` before the build, with the notebook and the reason:
 * a cell that runs longer than the cell timeout (a hang included): ``CellTimeoutError``;
 * a kernel that dies, or a worker process that dies: the exception and its traceback.
 
+With ``--student-checks`` (``make test``) each lab's student edition is checked inside that same
+execution (``utils.student_probe``): before each exercise's solution the kernel forks, and the child
+runs the student edition from there; it must stop at a check that fails because of the reader's
+unwritten code (and, for a known mistake, with its hint). The probes are silent requests: the lab's
+outputs are those of a run without them. A lab that fails them fails the run, and its record is
+taken out of the cache again.
+
 Every notebook is attempted (the cache keeps the ones that succeed), the failures are
 printed together at the end and the exit status is 1. Each finished notebook prints
 ``<path>: Executed notebook in N seconds``, the line ``.ci/repeat_book.py`` reads, and
@@ -176,7 +183,7 @@ CACHE_TRUNCATION_RACE = "Notebook file does not exist for cache record"
 RETRIED = (KERNEL_START_FAILURE, CACHE_TRUNCATION_RACE)
 
 
-def execute_one(path: str, config_path: str, build_dir: str) -> Outcome:
+def execute_one(path: str, config_path: str, build_dir: str, student_checks: bool = False) -> Outcome:
     """Run myst-nb's cache client on one notebook, as the build would (in a worker process).
 
     A kernel that dies before it replies to ``kernel_info`` (no cell has run), or jupyter-cache's
@@ -184,7 +191,7 @@ def execute_one(path: str, config_path: str, build_dir: str) -> Outcome:
     times in all; any other failure is final.
     """
     for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
-        outcome = _execute_once(path, config_path, build_dir)
+        outcome = _execute_once(path, config_path, build_dir, student_checks)
         if outcome.status != "failed" or not any(m in outcome.message for m in RETRIED):
             return outcome
         if attempt < KERNEL_START_ATTEMPTS:
@@ -194,10 +201,19 @@ def execute_one(path: str, config_path: str, build_dir: str) -> Outcome:
     return outcome
 
 
-def _execute_once(path: str, config_path: str, build_dir: str) -> Outcome:
-    """One try of :func:`execute_one`."""
+def _execute_once(path: str, config_path: str, build_dir: str, student_checks: bool = False) -> Outcome:
+    """One try of :func:`execute_one`.
+
+    ``student_checks``: a lab's student edition is checked in the same execution (``utils.student_probe``:
+    the kernel forks before each exercise's solution and runs the student edition from there). A lab
+    that fails it is failed, and taken out of the cache again, so that no later run takes it as checked.
+    """
+    from contextlib import nullcontext
+
     from jupyter_cache import get_cache
     from myst_nb.core.execute import create_client
+
+    from utils import student_probe
 
     start = time.monotonic()
     logger = _PrintLogger(path)
@@ -211,8 +227,11 @@ def _execute_once(path: str, config_path: str, build_dir: str) -> Outcome:
             return Outcome(path, "cached", time.monotonic() - start)
         except KeyError:
             pass
+        probes = student_probe.lab_probes(Path(path)) if student_checks else []
+        results: list = []
         # The build passes the absolute path (Sphinx's doc2path); the client runs the kernel in its folder.
-        with create_client(notebook, str(Path(path).resolve()), nb_config, logger, read_fmt) as client:
+        with student_probe.probing(probes, results) if probes else nullcontext(), \
+                create_client(notebook, str(Path(path).resolve()), nb_config, logger, read_fmt) as client:
             meta = client.exec_metadata or {}
     except Exception as err:  # a cell error (myst-nb's ExecutionError), a dead kernel, a bad file
         detail = "\n".join(logger.warnings) or "".join(traceback.format_exception(err))
@@ -220,6 +239,15 @@ def _execute_once(path: str, config_path: str, build_dir: str) -> Outcome:
     if not meta.get("succeeded", False):
         detail = meta.get("traceback") or "\n".join(logger.warnings)
         return Outcome(path, "failed", time.monotonic() - start, f"{meta.get('error')}\n{detail}")
+    if probes:
+        found = student_probe.check_run(Path(path), results, probes)
+        skipped = {r["skipped"] for _, r in results if r.get("skipped")}
+        if found:
+            cache = get_cache(nb_config.execution_cache_path)
+            cache.remove_cache(cache.match_cache_notebook(notebook).pk)
+            return Outcome(path, "failed", time.monotonic() - start, "\n".join(found))
+        print(f"{path}: student edition checked: {len(probes)} probes"
+              + (f", skipped: {'; '.join(sorted(skipped))}" if skipped else ""), flush=True)
     return Outcome(path, "executed", time.monotonic() - start)
 
 
@@ -253,10 +281,12 @@ def write_timings(path: Path, outcomes: list[Outcome], jobs: int, wall_seconds: 
     }, indent=1) + "\n")
 
 
-def run(paths: list[str], config_path: Path, build_dir: Path, jobs: int, timings: Path | None = None) -> int:
+def run(paths: list[str], config_path: Path, build_dir: Path, jobs: int, timings: Path | None = None,
+        student_checks: bool = False) -> int:
     """Execute ``paths`` into the cache ``jobs`` at a time; print a summary; 0 if all are cached.
 
     ``timings``: a JSON file to write each notebook's seconds to (``make slowest`` reads it).
+    ``student_checks``: check each lab's student edition in the same execution (:func:`_execute_once`).
     """
     from jupyter_cache import get_cache
 
@@ -275,7 +305,7 @@ def run(paths: list[str], config_path: Path, build_dir: Path, jobs: int, timings
           f"(cell timeout {nb_config.execution_timeout} s)", flush=True)
     outcomes: list[Outcome] = []
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(execute_one, p, str(config_path), str(build_dir)): p for p in order}
+        futures = {pool.submit(execute_one, p, str(config_path), str(build_dir), student_checks): p for p in order}
         for future in as_completed(futures):
             try:
                 outcome = future.result()
@@ -308,8 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="notebooks executed at a time")
     parser.add_argument("--timings", type=Path, default=None,
                         help="write each notebook's seconds to this JSON file (make slowest reads it)")
+    parser.add_argument("--student-checks", action="store_true",
+                        help="check each lab's student edition in the same execution (utils.student_probe)")
     args = parser.parse_args(argv)
-    return run(args.notebooks, args.config, args.build_dir, args.jobs, args.timings)
+    return run(args.notebooks, args.config, args.build_dir, args.jobs, args.timings, args.student_checks)
 
 
 if __name__ == "__main__":

@@ -220,3 +220,31 @@ def test_other_failures_are_final_and_start_retries_are_bounded(monkeypatch, mes
     monkeypatch.setattr(execute_cache, "_execute_once", failing)
     assert execute_cache.execute_one("a.ipynb", "c.yml", "_build").status == "failed"
     assert len(tries) == tries_expected
+
+
+def _lab(path: Path, check: str) -> Path:
+    """A lab of one exercise (attempt, solution block, check), as utils.student_edition reads labs."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    solution = nbformat.v4.new_code_cell("def add(a, b):\n    return a + b")
+    solution.metadata["tags"] = ["solution"]
+    nb.cells = [nbformat.v4.new_code_cell("def add(a, b):\n    raise NotImplementedError('your turn')"),
+                nbformat.v4.new_markdown_cell("```{solution-start} ex-add\n```"), solution,
+                nbformat.v4.new_markdown_cell("```{solution-end}\n```"), nbformat.v4.new_code_cell(check)]
+    nbformat.write(nb, path)
+    return path
+
+
+def test_student_checks_fail_a_lab_whose_check_misses_the_readers_code_and_uncache_it(tmp_path, capsys):
+    config, build_dir = _book_config(tmp_path), tmp_path / "_build"
+    good = _lab(tmp_path / "good_lab.ipynb", "assert add(1, 2) == 3")
+    bad = _lab(tmp_path / "bad_lab.ipynb", "assert 1 + 2 == 3  # never calls add")
+    assert execute_cache._execute_once(str(good), str(config), str(build_dir), student_checks=True).status == "executed"
+    assert "good_lab.ipynb: student edition checked: 1 probes" in capsys.readouterr().out
+    outcome = execute_cache._execute_once(str(bad), str(config), str(build_dir), student_checks=True)
+    assert outcome.status == "failed"
+    assert "student edition: exercise ex-add: no check ran the reader's code" in outcome.message
+    # the full lab itself ran without an error, but it is not left in the cache as if it had passed
+    assert execute_cache.check_cached([str(good), str(bad)], config, build_dir) == [str(bad)]
+    # without the flag (a reader's make book EXECUTE=1) a lab is executed as any notebook
+    assert execute_cache._execute_once(str(bad), str(config), str(build_dir)).status == "executed"

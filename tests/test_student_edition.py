@@ -1,27 +1,22 @@
 """The student edition of the labs (`make student`) fails at the checks, and nowhere else.
 
-Each lab's student edition (:func:`utils.student_edition.student_notebook`) is
-executed cell by cell in one kernel. Before the first exercise every cell must
-pass. A cell that fails after an exercise must fail because of the reader's
-unwritten code: a ``NotImplementedError`` from an attempt, or a
-:class:`utils.hints.CheckFailed` with its hint (raised in a worker process, the
-same inside a ``WorkerError``). The test then runs the reference solutions of
-the exercises seen so far, as a reader who solved them would, and runs the
-failing cell again: it must now pass (the full lab's direction). Every exercise
-must have been caught by a check. For a few labs a known mistake is tried first
-(:data:`MISTAKES`): the check must fail with the hint that names it.
+How that is checked is :mod:`utils.student_probe`: the full lab runs, and before each exercise's
+solution the kernel forks; the child runs the student edition from there and must stop at a check
+that fails because of the reader's unwritten code (a ``NotImplementedError`` from an attempt, or a
+:class:`utils.hints.CheckFailed` with its hint, the same inside a ``WorkerError``). For a few labs a
+known mistake is tried too (``utils.student_probe.mistakes``): its check must give the hint that
+names it. Every exercise must be caught. The checks passing once the solutions run, and the cells
+before the first exercise, are the full lab's own run.
 
-To stay cheap the run stops once the last exercise's check has passed; the
-measurements after it are nbval's job on the full labs. Cells tagged
-``skip-execution`` (live widgets) are skipped, as in the book build, and so are
-cells that only draw a kernel-free widget (one ``viz.explore(...)`` expression):
-its frames are drawn, from the same code, when ``make test`` executes the full lab,
-and a check, not a picture, must catch the reader's unwritten code.
+`make test` runs the probes in its execute stage, inside the one execution of each lab
+(``.ci/execute_cache.py --student-checks``), and sets ``BOOK_STUDENT_CHECKS=execute`` for the unit
+tests, which then skip :func:`test_student_lab_fails_at_the_checks_and_nowhere_else` instead of
+running every lab a second time. Run alone (``pytest tests/test_student_edition.py``, ``make
+unit``), it executes each lab up to its last exercise with the same probes.
 """
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import time
@@ -30,12 +25,8 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError
 
-from utils.capstone.assemble_check import HINTS as ASSEMBLE_HINTS
-from utils.capstone.grpo_check import HINTS as GRPO_HINTS
-from utils.hints import MISTAKES as HINT_TABLES
-from utils.production.slow_step import HINTS as SLOW_STEP_HINTS
+from utils import student_probe
 from utils.student_edition import GIVEN_TAG, SOLUTION_TAG, build, exercises, labs, student_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,154 +36,38 @@ TIMEOUT = 300  # seconds per cell
 # gives the same run: one thread per kernel (two labs run at once on 2 workers), and utils.progress's
 # one-line progress instead of a live bar.
 KERNEL_ENV = {"OMP_NUM_THREADS": "1", "BOOK_BATCH_EXECUTION": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
-
-# lab stem -> (exercise label, text in its solution, the mistake put in its place, text the hint must contain)
-MISTAKES = {
-    "04-flash-attention": ("flash-lab-ex-tiled", "out[..., i:i + block, :] = acc / l[..., None]",
-                           "out[..., i:i + block, :] = acc", HINT_TABLES["flash-attention"]["row_scaled"]),
-    "02-q-learning-and-reinforce": ("qlr-reinforce", "grad[s] += weight * score", "grad[s] -= weight * score",
-                                    HINT_TABLES["q-learning-and-reinforce"]["sign"]),
-    # the running output not rescaled: the non-causal stage fails first, and its hint is the merge's
-    "08-ring-attention": ("ring-lab-forward", "alpha[..., None] * acc.index_select(2, rows)",
-                          "acc.index_select(2, rows)", HINT_TABLES["ring-attention"]["some"]),
-    # every full block hashed: a prompt found whole in the cache leaves no token to run (the repeated 72 tokens)
-    "01-a-serving-engine": ("serving-lab-prefix", "usable = (len(tokens) - 1) // self.block_size",
-                            "usable = len(tokens) // self.block_size", HINT_TABLES["serving-prefix-last-token"]["some"]),
-    # the schedule's position not restored: the warm-up starts again (the first weights, RMSNorm's, all off by one factor)
-    # the optimizer left as a CPU's default: the trace check names it
-    "01-profile-find-fix": ("pff-fix", "torch.optim.AdamW(params, lr=1e-3, fused=True)",
-                            "torch.optim.AdamW(params, lr=1e-3, foreach=False)", SLOW_STEP_HINTS["unfused optimizer"]),
-    # the mean's 1/N left out of the gradient: every element of it N times too large
-    "02-fused-linear-cross-entropy": ("flce-kernel", "tl.store(row_ptr + cols, grad * inv_n, mask=mask)",
-                                      "tl.store(row_ptr + cols, grad, mask=mask)",
-                                      HINT_TABLES["fused-linear-cross-entropy"]["scaled"]),
-    "03-crash-and-resume": ("crash-restore", 'schedule.last_epoch = int(state["schedule"])', "schedule.last_epoch = 0",
-                            HINT_TABLES["crash-and-resume"]["scaled"]),
-    # the TP-replicated gradients summed over the wrong group: step 0's loss is right, step 1's is not
-    "01-assemble-a-4d-step": ("a4d-finish", 'dist.all_reduce(zero.shard_of(p).grad, group=groups[("tp",)])',
-                              'dist.all_reduce(zero.shard_of(p).grad, group=groups[("cp", "dp")])',
-                              ASSEMBLE_HINTS["finish"]),
-    # the temperature left out of the CDF: the draws follow softmax(z), and the chi-square test says so
-    "02-grpo-with-your-own-engine": ("grpo-lab-draw", "cdf = torch.softmax(row / temperature, -1).cumsum(0)",
-                                     "cdf = torch.softmax(row, -1).cumsum(0)", GRPO_HINTS["temperature ignored"]),
-}
+CHECKED_BY_EXECUTE = os.environ.get("BOOK_STUDENT_CHECKS") == "execute"
 
 
 def _ids(paths):
     return [str(p.relative_to(ROOT)) for p in paths]
 
 
-# Labs being edited elsewhere whose checks do not call utils.hints yet (see SOLUTION_TAGS_PENDING in
-# test_notebooks.py): a plain AssertionError from their checks is accepted until they do.
-HINTS_PENDING: set[str] = set()
-
-
-def _reader_error(error: CellExecutionError, lab: str) -> bool:
-    """True when the error comes from the reader's side: an unwritten attempt or a failed, hinted check."""
-    text = f"{error.ename}: {error.evalue}"
-    if error.ename == "NotImplementedError":
-        return True
-    if error.ename == "AssertionError" and lab in HINTS_PENDING:
-        return True
-    if error.ename == "CheckFailed":
-        return "Hint:" in error.evalue or "element" in error.evalue or "the value is" in error.evalue
-    if error.ename == "WorkerError":  # a check inside worker processes: the worker's traceback is in the message
-        return "NotImplementedError" in text or "CheckFailed" in text
-    return False
-
-
-def widget_only(source: str) -> bool:
-    """True for a cell that is one ``viz.explore(...)`` expression: it defines nothing a later cell reads."""
-    try:
-        body = ast.parse(source).body
-    except SyntaxError:
-        return False
-    if len(body) != 1 or not isinstance(body[0], ast.Expr) or not isinstance(body[0].value, ast.Call):
-        return False
-    func = body[0].value.func
-    return isinstance(func, ast.Attribute) and func.attr == "explore" and \
-        isinstance(func.value, ast.Name) and func.value.id == "viz"
-
-
-def test_only_a_lone_explore_expression_is_skipped():
-    assert widget_only("viz.explore(plot, n=(1, 8))")
-    assert widget_only("# the widget\nviz.explore(\n    plot,\n    n=[1, 2],\n)\n")
-    assert not widget_only("w = viz.explore(plot, n=(1, 8))")  # defines w
-    assert not widget_only("x = 1\nviz.explore(plot, n=(1, 8))")
-    assert not widget_only("viz.live(plot, n=(1, 8))")
-    assert not widget_only("explore(plot)") and not widget_only("viz.explore(")
-
-
-def run_student_lab(path: Path) -> dict:
-    """Execute the student edition of one lab as described in the module docstring; return what happened."""
-    full = json.loads(path.read_text())
-    blocks = {e.label: e for e in exercises(full)}
-    nb = nbformat.reads(json.dumps(student_notebook(full)), as_version=4)
-    markers = {i: c.metadata["student_edition"]["exercise"] for i, c in enumerate(nb.cells)
-               if c.metadata.get("student_edition", {}).get("role") == "your-turn"}
+def run_probed_lab(path: Path) -> tuple[list[student_probe.Probe], list[tuple[student_probe.Probe, dict]]]:
+    """Execute the full lab up to its last probe's cell, with the probes; return them and their results."""
+    probes = student_probe.lab_probes(path)
+    nb = nbformat.read(path, as_version=4)
+    nb.cells = nb.cells[:max(p.at for p in probes) + 1]  # the last probe's child runs the rest itself
     client = NotebookClient(nb, timeout=TIMEOUT, kernel_name="python3", skip_cells_with_tag="skip-execution",
                             resources={"metadata": {"path": str(path.parent)}})
     client.widget_registry = {}
-    pending: list[str] = []  # exercises passed whose solutions have not been run
-    caught: dict[str, str] = {}  # exercise -> the first line of the error its check raised
-    mistake = MISTAKES.get(path.stem)
-    mistake_hint = None
-    last_marker = max(markers) if markers else -1
-    n_cells = len(nb.cells)
-
-    def run_extra(source: str) -> None:
-        """Run code that is not a cell of the lab (a solution, a mistake) in the lab's kernel."""
-        nb.cells.append(nbformat.v4.new_code_cell(source))
-        try:
-            client.execute_cell(nb.cells[-1], len(nb.cells) - 1)
-        finally:
-            nb.cells.pop()
-
-    with client.setup_kernel(env={**os.environ, **KERNEL_ENV}):
-        for index, cell in enumerate(nb.cells[:n_cells]):
-            if index in markers:
-                pending.append(markers[index])
-                continue
-            if cell.cell_type != "code" or widget_only(cell.source):
-                continue
-            try:
-                client.execute_cell(cell, index)
-            except CellExecutionError as error:
-                assert pending, f"cell {index} fails before any exercise:\n{error}"
-                assert _reader_error(error, path.stem), f"cell {index} fails for another reason than the reader's code:\n{error}"
-                for label in pending:
-                    caught[label] = f"{error.ename}: {(error.evalue.strip().splitlines() or [''])[0]}"
-                if mistake and mistake[0] in pending:
-                    label, right, wrong, expected_hint = mistake
-                    source = blocks[label].solution_source(full)
-                    assert right in source, f"{path.name}: the mistake's text is no longer in the solution"
-                    run_extra(source.replace(right, wrong))
-                    try:
-                        client.execute_cell(cell, index)
-                    except CellExecutionError as hinted:
-                        mistake_hint = hinted.evalue
-                    assert mistake_hint and expected_hint in mistake_hint, \
-                        f"cell {index}: the mistake {wrong!r} did not give the hint {expected_hint!r}: {mistake_hint}"
-                for label in pending:
-                    run_extra(blocks[label].solution_source(full))
-                pending = []
-                client.execute_cell(cell, index)  # with the reference solutions it must pass
-                if index > last_marker:
-                    break
-    return {"caught": caught, "pending": pending, "mistake_hint": mistake_hint, "exercises": list(blocks)}
+    results: list = []
+    with student_probe.probing(probes, results):
+        client.execute(env={**os.environ, **KERNEL_ENV})
+    return probes, results
 
 
+@pytest.mark.skipif(CHECKED_BY_EXECUTE, reason="make test checks the student editions in its execute stage "
+                    "(.ci/execute_cache.py --student-checks), inside the one execution of each lab")
 @pytest.mark.parametrize("path", LABS, ids=_ids(LABS))
 def test_student_lab_fails_at_the_checks_and_nowhere_else(path):
     start = time.perf_counter()
-    result = run_student_lab(path)
-    missed = [label for label in result["exercises"] if label not in result["caught"]]
-    assert not missed, f"{path.name}: no check ran the reader's code for exercises {missed}"
-    if path.stem in MISTAKES:
-        assert result["mistake_hint"], f"{path.name}: the known mistake was never tried"
-    print(f"{path.relative_to(ROOT)}: {time.perf_counter() - start:.1f} s, caught {result['caught']}")
-    if result["mistake_hint"]:
-        print("  the known mistake's message:", "\n    ".join(result["mistake_hint"].splitlines()[:2]))
+    probes, results = run_probed_lab(path)
+    found = student_probe.check_run(path.relative_to(ROOT), results, probes)
+    assert not found, "\n".join(found)
+    assert {p.label for p in probes} == {e.label for e in exercises(json.loads(path.read_text()))}
+    assert any(p.hint for p in probes) == (path.stem in student_probe.mistakes())
+    print(f"{path.relative_to(ROOT)}: {time.perf_counter() - start:.1f} s, {len(probes)} probes")
 
 
 def test_the_student_edition_has_no_solution_and_keeps_the_rest(tmp_path):
