@@ -180,7 +180,7 @@ def test_a_dead_worker_fails_the_run(tmp_path):
 def test_a_kernel_that_dies_before_starting_is_started_again(monkeypatch, capsys):
     tries = []
 
-    def flaky(path, config_path, build_dir):
+    def flaky(path, config_path, build_dir, student_checks):
         tries.append(path)
         if len(tries) == 1:
             return execute_cache.Outcome(path, "failed", 0.1, f"RuntimeError: {execute_cache.KERNEL_START_FAILURE}")
@@ -194,7 +194,7 @@ def test_a_kernel_that_dies_before_starting_is_started_again(monkeypatch, capsys
 def test_jupyter_caches_truncation_race_is_tried_again_and_found_cached(monkeypatch, capsys):
     tries = []
 
-    def raced(path, config_path, build_dir):
+    def raced(path, config_path, build_dir, student_checks):
         tries.append(path)
         if len(tries) == 1:
             return execute_cache.Outcome(path, "failed", 20.0, "KeyError: 'Notebook file does not exist for cache "
@@ -213,7 +213,7 @@ def test_jupyter_caches_truncation_race_is_tried_again_and_found_cached(monkeypa
 def test_other_failures_are_final_and_start_retries_are_bounded(monkeypatch, message, tries_expected):
     tries = []
 
-    def failing(path, config_path, build_dir):
+    def failing(path, config_path, build_dir, student_checks):
         tries.append(path)
         return execute_cache.Outcome(path, "failed", 0.1, message)
 

@@ -1,4 +1,7 @@
-"""utils.student_probe: the student edition checked inside the full lab's execution, one fork per exercise."""
+"""utils.student_probe: the student edition checked inside the full lab's execution, one fork per exercise.
+
+One small lab holds one exercise of each kind; it runs twice, with its probes and without them.
+"""
 
 from __future__ import annotations
 
@@ -11,15 +14,33 @@ from nbclient import NotebookClient
 from utils import student_probe
 from utils.student_probe import Probe, plan, problems, reader_error, widget_only
 
-START = "```{solution-start} ex-add\n:class: dropdown\n```"
-END = "```{solution-end}\n```"
-ATTEMPT = "def add(a, b):\n    raise NotImplementedError('your add here')"
-SOLUTION = "def add(a, b):\n    return a + b\n\n\ndef helper(x):\n    return x"
-KERNEL_ENV = {"OMP_NUM_THREADS": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+CHECK_WITH_HINT = (
+    "from utils.hints import assert_close\n"
+    "assert_close(torch.tensor([float(add(i, 2)) for i in range(1, 9)]), torch.arange(3.0, 11.0),\n"
+    "             lab='q-learning-and-reinforce')"
+)
 
 
-def _lab(*cells) -> dict:
-    """A notebook: a string is a code cell, ("md", text) a markdown cell, (source, tags) a tagged code cell."""
+def _exercise(label: str, attempt: str, solution: str, check: str) -> list:
+    return [("md", "```{exercise} " + label + "\n```"), attempt, ("md", "```{solution-start} " + label + "\n```"),
+            (solution, ["solution"]), ("md", "```{solution-end}\n```"), check]
+
+
+def _lab() -> dict:
+    """Exercises: ex-add caught by its check (and a known mistake of it caught with its hint), ex-name whose
+    check fails for another reason, ex-hang whose student check hangs, ex-none last, which no check calls."""
+    cells = ["import os, random, time\nimport torch\nrandom.seed(0)\ncalls = []"]
+    cells += _exercise("ex-add", "def add(a, b):\n    raise NotImplementedError('your add here')",
+                       "def add(a, b):\n    return a + b\n\n\ndef helper(x):\n    return x",
+                       "calls.append('check')\nprint('at the check')\nos.write(1, b'at the check, through fd 1\\n')\n"
+                       + CHECK_WITH_HINT)
+    cells += _exercise("ex-name", "def name():\n    raise NotImplementedError", "def name():\n    return 'x'",
+                       "assert missing_name == name()")  # fails in the full lab too (allow_errors)
+    cells += _exercise("ex-hang", "def triple(x):\n    raise NotImplementedError", "def triple(x):\n    return 3 * x",
+                       "try:\n    triple(1)\nexcept NotImplementedError:\n    time.sleep(600)  # the student's run only")
+    cells += _exercise("ex-none", "def double(x):\n    raise NotImplementedError", "def double(x):\n    return 2 * x",
+                       "assert helper(2) == 2  # never calls double")
+    cells.append("print(calls, random.random(), get_ipython().execution_count)")
     made = []
     for cell in cells:
         if isinstance(cell, tuple) and cell[0] == "md":
@@ -31,18 +52,6 @@ def _lab(*cells) -> dict:
     return nbformat.v4.new_notebook(cells=made)
 
 
-def _add_lab(check: str = "assert add(1, 2) == helper(3)\nprint('checked', add(2, 2))") -> dict:
-    return _lab(
-        "import random\nrandom.seed(0)\ncalls = []",
-        ("md", "```{exercise} Add\n```"),
-        ATTEMPT,
-        ("md", START),
-        (SOLUTION, ["solution"]),
-        ("md", END),
-        "import os\ncalls.append('check')\nprint('at the check')\nos.write(1, b'at the check, through fd 1\\n')\n"
-        + check,
-        "print(calls, random.random(), get_ipython().execution_count)",
-    )
 
 
 def _run(nb: dict, probes: list[Probe], tmp_path) -> tuple[nbformat.NotebookNode, list]:
@@ -51,90 +60,94 @@ def _run(nb: dict, probes: list[Probe], tmp_path) -> tuple[nbformat.NotebookNode
                             resources={"metadata": {"path": str(tmp_path)}})
     results: list = []
     with student_probe.probing(probes, results):
-        client.execute(env={**os.environ, **KERNEL_ENV})
+        client.execute(env={**os.environ, "OMP_NUM_THREADS": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1"})
     return nb, results
 
 
-def _texts(nb) -> list[str]:
-    return ["".join(o.get("text", "") for o in c.outputs) for c in nb.cells if c.cell_type == "code"]
-
-
-def test_a_plan_probes_before_the_solution_and_runs_the_student_edition_from_there():
-    (probe,) = plan(_add_lab())
-    assert probe.label == "ex-add" and probe.at == 4 and probe.cell == SOLUTION and probe.hint is None
-    # the student edition from the exercise on: the helper the check needs is given, then the cells below
-    assert "def helper(x)" in probe.sources[0] and "def add" not in probe.sources[0]
-    assert probe.sources[1].startswith("import os\ncalls.append") and probe.sources[2].startswith("print(calls")
-
-
-def test_a_caught_exercise_passes_and_the_lab_runs_as_without_the_probe(tmp_path):
-    lab = _add_lab()
-    probes = plan(lab)
-    probed, results = _run(lab, probes, tmp_path)
-    plain, _ = _run(lab, [], tmp_path)
-    assert [(p.label, r["ran"], r["error"]["ename"]) for p, r in results] == [("ex-add", 1, "NotImplementedError")]
-    assert student_probe.check_run("lab.ipynb", results, probes) == []
-    # the kernel's state, its random generator and every output are those of a run without the probe;
-    # nothing the child printed reaches the notebook, and the execution counts are unbroken
-    assert _texts(probed) == _texts(plain) and "['check'] 0.8444218515250481 6" in _texts(probed)[-1]
-    assert [c.execution_count for c in probed.cells if c.cell_type == "code"] == [1, 2, 3, 4, 5]
-
-
-def test_an_exercise_no_check_calls_is_reported(tmp_path):
-    lab = _add_lab(check="assert helper(3) == 3")
-    probes = plan(lab)
-    _, results = _run(lab, probes, tmp_path)
-    (found,) = student_probe.check_run("lab.ipynb", results, probes)
-    assert "ex-add: no check ran the reader's code (3 cells" in found
-
-
-def test_a_cell_failing_for_another_reason_is_reported(tmp_path):
-    lab = _add_lab(check="assert missing_name == add(1, 2)")
-    probes = plan(lab)
-    _, results = _run(lab, probes, tmp_path)
-    (found,) = student_probe.check_run("lab.ipynb", results, probes)
-    # the full lab fails too, at that cell: the probe runs first, and says which cell and why
-    assert "fails for another reason than the reader's code: NameError" in found and "'import os'" in found
-
-
-def test_a_known_mistake_must_get_its_hint(tmp_path, monkeypatch):
-    check = ("from utils.hints import assert_close\nimport torch\n"
-             "assert_close(torch.tensor([float(add(i, 2)) for i in range(1, 9)]),\n"
-             "             torch.arange(3.0, 11.0), lab='q-learning-and-reinforce')")
-    lab = _add_lab(check=check)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The lab's probes, and its runs with and without them (the probes' time limit 5 s, for ex-hang)."""
     sign = student_probe.mistakes()["02-q-learning-and-reinforce"][3]
-    monkeypatch.setattr(student_probe, "mistakes", lambda: {"lab": ("ex-add", "a + b", "-(a + b)", sign)})
-    probes = plan(lab, "lab")
-    assert [p.hint for p in probes] == [None, sign] and probes[1].sources[0].startswith("def add(a, b):\n    return -(a")
-    _, results = _run(lab, probes, tmp_path)
-    assert student_probe.check_run("lab.ipynb", results, probes) == []
-    monkeypatch.setattr(student_probe, "mistakes", lambda: {"lab": ("ex-add", "a + b", "a * 1 + b", sign)})
-    probes = plan(lab, "lab")  # a mistake the check does not catch at all
-    _, results = _run(lab, probes, tmp_path)
-    (found,) = student_probe.check_run("lab.ipynb", results, probes)
-    assert "with its known mistake: no check ran the reader's code" in found
-    monkeypatch.setattr(student_probe, "mistakes", lambda: {"lab": ("ex-add", "a - b", "b - a", sign)})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(student_probe, "mistakes", lambda: {"lab": ("ex-add", "a + b", "-(a + b)", sign)})
+        patch.setattr(student_probe, "PROBE_TIMEOUT", 5.0)
+        lab = _lab()
+        probes = plan(lab, "lab")
+        add = probes[0]
+        moved = Probe("ex-moved", add.at - 2, add.cell, add.sources)  # a cell that is not the solution
+        tmp = tmp_path_factory.mktemp("lab")
+        probed, results = _run(lab, probes + [moved], tmp)
+        plain, _ = _run(lab, [], tmp)
+    return {"probes": probes, "moved": moved, "results": results, "probed": probed, "plain": plain, "sign": sign}
+
+
+def _problems(runs, label: str, hinted: bool = False) -> list[str]:
+    return [p for probe, result in runs["results"] if probe.label == label and bool(probe.hint) == hinted
+            for p in problems(probe, result)]
+
+
+def test_a_plan_probes_before_each_solution_and_runs_the_student_edition_from_there(runs):
+    add, mistake = runs["probes"][:2]
+    assert [p.label for p in runs["probes"]] == ["ex-add", "ex-add", "ex-name", "ex-hang", "ex-none"]
+    assert add.at == 4 and add.cell.startswith("def add(a, b):\n    return a + b") and add.hint is None
+    # the student edition from the exercise on: the helper the check needs is given, then the cells below
+    assert "def helper(x)" in add.sources[0] and "def add" not in add.sources[0]
+    assert add.sources[1].startswith("calls.append") and add.sources[2].startswith("def name():")  # ex-name's attempt
+    assert mistake.hint == runs["sign"] and mistake.sources[0].startswith("def add(a, b):\n    return -(a + b)")
+    assert mistake.sources[1] == add.sources[1]
+
+
+def test_a_caught_exercise_and_its_known_mistake_pass(runs):
+    assert _problems(runs, "ex-add") == [] and _problems(runs, "ex-add", hinted=True) == []
+    add, mistake = runs["probes"][:2]
+    result, hinted = ([r for p, r in runs["results"] if p is probe] for probe in (add, mistake))
+    (result,), (hinted,) = result, hinted
+    assert result["ran"] == 1 and result["error"]["ename"] == "NotImplementedError"
+    assert hinted["error"]["ename"] == "CheckFailed" and runs["sign"] in hinted["error"]["evalue"]
+
+
+def test_the_lab_runs_as_without_the_probes(runs):
+    # the kernel's state, its random generator, its execution count and every output are those of a run without
+    # the probes; nothing a child printed (through sys.stdout or fd 1) reaches the notebook
+    texts = [["".join(o.get("text", "") for o in c.outputs) for c in nb.cells if c.cell_type == "code"]
+             for nb in (runs["probed"], runs["plain"])]
+    assert texts[0] == texts[1]
+    assert texts[0][-1] == "['check'] 0.8444218515250481 15\n"
+
+
+def test_a_cell_failing_for_another_reason_is_reported(runs):
+    (found,) = _problems(runs, "ex-name")
+    assert "the cell starting 'assert missing_name == name()' fails for another reason than the reader's code: " \
+           "NameError" in found
+
+
+def test_a_hung_student_run_is_killed_and_reported(runs):
+    assert [r for p, r in runs["results"] if p.label == "ex-hang"] == [{"timeout": 5.0}]
+    assert _problems(runs, "ex-hang") == ["exercise ex-hang: the student edition's cells ran past 5 s"]
+
+
+def test_an_exercise_no_check_calls_is_reported(runs):
+    (found,) = _problems(runs, "ex-none")
+    assert found.startswith("exercise ex-none: no check ran the reader's code (2 cells")
+
+
+def test_a_probe_in_the_wrong_place_or_never_run_is_reported(runs):
+    moved = runs["moved"]
+    assert [r for p, r in runs["results"] if p is moved] == [{"misplaced": moved.at}]
+    assert "is not the solution cell it expected" in problems(moved, {"misplaced": moved.at})[0]
+    (never,) = student_probe.check_run("lab.ipynb", [], runs["probes"][:1])
+    assert never == "lab.ipynb: student edition: exercise ex-add: its probe never ran (cell 4 was not executed)"
+
+
+def test_a_known_mistake_without_its_hint_is_reported(runs):
+    mistake = runs["probes"][1]
+    other = {"ran": 1, "error": {"ename": "CheckFailed", "evalue": "element [0] differs\nHint: another"}}
+    assert "did not give the hint" in problems(mistake, other)[0]
+    assert "with its known mistake: no check ran" in problems(mistake, {"ran": 7, "error": None})[0]
     with pytest.raises(ValueError, match="no longer in the solution"):
-        plan(lab, "lab")
-
-
-def test_a_hung_child_is_killed_and_reported(tmp_path, monkeypatch):
-    monkeypatch.setattr(student_probe, "PROBE_TIMEOUT", 1.0)
-    lab = _add_lab(check="import time\ntime.sleep(600)")
-    probes = plan(lab)
-    lab["cells"][6]["source"] = "calls.append('check')"  # the full lab's own check does not hang
-    _, results = _run(lab, probes, tmp_path)
-    assert results[0][1] == {"timeout": True}
-    assert "ran past 1 s" in problems(probes[0], results[0][1])[0]
-
-
-def test_a_probe_whose_cell_moved_is_reported(tmp_path):
-    lab = _add_lab()
-    (probe,) = plan(lab)
-    moved = Probe(probe.label, probe.at - 2, probe.cell, probe.sources)
-    _, results = _run(lab, [moved], tmp_path)
-    assert "is not the solution cell it expected" in problems(moved, results[0][1])[0]
-    assert "its probe never ran" in student_probe.check_run("lab.ipynb", [], [probe])[0]
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(student_probe, "mistakes", lambda: {"lab": ("ex-add", "a - b", "b - a", "hint")})
+            plan(_lab(), "lab")
 
 
 def test_reader_errors_and_others():
@@ -161,6 +174,6 @@ def test_every_labs_known_mistake_names_a_hint_and_an_exercise_of_its_lab():
     known = student_probe.mistakes()
     stems = {p.stem: p for p in labs()}
     assert set(known) <= set(stems)
-    for stem, (label, _, _, hint) in known.items():
+    for stem, (_, _, _, hint) in known.items():
         assert hint, stem
         assert sum(p.hint == hint for p in student_probe.lab_probes(stems[stem])) == 1, stem

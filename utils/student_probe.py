@@ -199,7 +199,7 @@ def problems(probe: Probe, result: dict[str, Any]) -> list[str]:
     if "misplaced" in result:
         return [f"{name}: cell {result['misplaced']} of the executed notebook is not the solution cell it expected"]
     if result.get("timeout"):
-        return [f"{name}: the student edition's cells ran past {PROBE_TIMEOUT:g} s"]
+        return [f"{name}: the student edition's cells ran past {result['timeout']:g} s"]
     error = result.get("error")
     if error is None:
         return [f"{name}: no check ran the reader's code ({result.get('ran', 0)} cells of the student edition "
@@ -222,7 +222,7 @@ def run_in_fork(sources: list[str], result_path: str, timeout: float = PROBE_TIM
     """In a Jupyter kernel: fork, run ``sources`` in the child on the kernel's namespace until one raises.
 
     Writes ``{"ran": cells run without error, "error": {"ename", "evalue"} or None}`` to ``result_path``
-    as JSON (``{"timeout": true}`` if the child ran past ``timeout`` seconds and was killed with its
+    as JSON (``{"timeout": timeout}`` if the child ran past ``timeout`` seconds and was killed with its
     process group; ``{"skipped": why}`` where a fork cannot work). The kernel's own state is untouched.
     """
     torch = sys.modules.get("torch")
@@ -247,7 +247,7 @@ def run_in_fork(sources: list[str], result_path: str, timeout: float = PROBE_TIM
             except OSError:
                 os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            Path(result_path).write_text(json.dumps({"timeout": True}))
+            Path(result_path).write_text(json.dumps({"timeout": timeout}))
             return
         time.sleep(0.02)
 
