@@ -5,6 +5,7 @@ One small lab holds one exercise of each kind; it runs twice, with its probes an
 
 from __future__ import annotations
 
+import json
 import os
 
 import nbformat
@@ -148,6 +149,17 @@ def test_a_known_mistake_without_its_hint_is_reported(runs):
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(student_probe, "mistakes", lambda: {"lab": ("ex-add", "a - b", "b - a", "hint")})
             plan(_lab(), "lab")
+
+
+def test_a_kernel_that_cannot_fork_skips_its_probes_and_says_why(tmp_path, monkeypatch):
+    monkeypatch.setattr(student_probe.sys, "platform", "darwin")
+    assert "macOS" in student_probe.fork_unsafe()
+    result = tmp_path / "r.json"
+    student_probe.run_in_fork(["raise SystemExit('must not run')"], str(result))
+    assert json.loads(result.read_text()) == {"skipped": student_probe.fork_unsafe()}
+    assert problems(Probe("ex", 0, "", ("x",)), {"skipped": "why"}) == []  # reported by the caller, not failed
+    monkeypatch.delattr(student_probe.os, "fork")
+    assert student_probe.fork_unsafe() == "no fork() on darwin"
 
 
 def test_reader_errors_and_others():

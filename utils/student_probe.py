@@ -25,8 +25,9 @@ What each probe must see, as the student-edition test asked of a whole student r
 * for a mistake probe (the solution with the mistake in place of the stub), the hint that names it.
 
 The cells before the first exercise, and the checks passing once the solutions run, are the full
-lab's own execution. A kernel that has initialised CUDA cannot fork usefully (CUDA does not survive
-``fork``): there the probes report themselves skipped, and say so.
+lab's own execution. Where a kernel cannot fork a usable copy of itself (:func:`fork_unsafe`: Windows,
+macOS, a kernel that has initialised CUDA) the probes report themselves skipped, and say why: the
+student editions are checked on Linux CPUs, as CI is.
 """
 
 from __future__ import annotations
@@ -218,6 +219,23 @@ def problems(probe: Probe, result: dict[str, Any]) -> list[str]:
 # ----- in the kernel ---------------------------------------------------------------------------------------------
 
 
+def fork_unsafe() -> str:
+    """Why this process cannot fork a usable copy of itself, or '' where it can (Linux, CUDA not initialised).
+
+    Windows has no ``fork``; on macOS a child forked after Apple's frameworks are loaded (NumPy's
+    Accelerate) may crash (the reason ``make test`` forks its kernels on Linux only, ``utils.forked_kernels``);
+    CUDA does not survive a fork.
+    """
+    if not hasattr(os, "fork"):
+        return f"no fork() on {sys.platform}"
+    if sys.platform == "darwin":
+        return "fork() is unsafe on macOS once NumPy's Accelerate is loaded"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA is initialised in this kernel"
+    return ""
+
+
 def run_in_fork(sources: list[str], result_path: str, timeout: float = PROBE_TIMEOUT) -> None:
     """In a Jupyter kernel: fork, run ``sources`` in the child on the kernel's namespace until one raises.
 
@@ -225,9 +243,9 @@ def run_in_fork(sources: list[str], result_path: str, timeout: float = PROBE_TIM
     as JSON (``{"timeout": timeout}`` if the child ran past ``timeout`` seconds and was killed with its
     process group; ``{"skipped": why}`` where a fork cannot work). The kernel's own state is untouched.
     """
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        Path(result_path).write_text(json.dumps({"skipped": "CUDA is initialised in this kernel"}))
+    why = fork_unsafe()
+    if why:
+        Path(result_path).write_text(json.dumps({"skipped": why}))
         return
     from IPython import get_ipython
 
