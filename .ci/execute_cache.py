@@ -241,7 +241,7 @@ def _execute_once(path: str, config_path: str, build_dir: str, student_checks: b
         return Outcome(path, "failed", time.monotonic() - start, f"{meta.get('error')}\n{detail}")
     if probes:
         found = student_probe.check_run(Path(path), results, probes)
-        skipped = {r["skipped"] for _, r in results if r.get("skipped")}
+        skipped = student_probe.skipped(results)
         if found:
             cache = get_cache(nb_config.execution_cache_path)
             cache.remove_cache(cache.match_cache_notebook(notebook).pk)

@@ -158,6 +158,7 @@ def test_a_kernel_that_cannot_fork_skips_its_probes_and_says_why(tmp_path, monke
     student_probe.run_in_fork(["raise SystemExit('must not run')"], str(result))
     assert json.loads(result.read_text()) == {"skipped": student_probe.fork_unsafe()}
     assert problems(Probe("ex", 0, "", ("x",)), {"skipped": "why"}) == []  # reported by the caller, not failed
+    assert student_probe.skipped([(None, {"skipped": "why"}), (None, {"ran": 1, "error": None})]) == {"why"}
     monkeypatch.delattr(student_probe.os, "fork")
     assert student_probe.fork_unsafe() == "no fork() on darwin"
 

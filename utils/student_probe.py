@@ -354,6 +354,11 @@ def check_run(path: Path, results: list[tuple[Probe, dict]], probes: list[Probe]
     return [f"{path}: student edition: {p}" for p in found]
 
 
+def skipped(results: list[tuple[Probe, dict]]) -> set[str]:
+    """Why probes of a run were skipped (:func:`fork_unsafe`'s reasons); empty when every probe ran."""
+    return {result["skipped"] for _, result in results if result.get("skipped")}
+
+
 def lab_probes(path: Path) -> list[Probe]:
     """:func:`plan` for the notebook at ``path``; empty for a notebook with no exercise (a chapter)."""
     full = json.loads(Path(path).read_text())
